@@ -1,0 +1,73 @@
+# redis-locks-async — developer entry points. A fresh machine needs only Python >= 3.10 and make:
+# every target that needs the virtualenv creates it (.venv) first.
+#
+#   make test       ruff + mypy --strict + pytest once per server binary (bundled Valkey, system Redis)
+#   make demo       python -m redis_locks_async demo (embedded server unless REDIS_URL is set)
+#   make bench      python -m benchmarks
+#   make lint / typecheck / clean / distclean
+
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+# One stamp per extra: each is redone when pyproject.toml changes, and is a no-op otherwise.
+STAMP_DEV := $(VENV)/.stamp-dev
+STAMP_DEMO := $(VENV)/.stamp-demo
+STAMP_BENCH := $(VENV)/.stamp-bench
+
+.DEFAULT_GOAL := test
+.PHONY: venv test pytest lint typecheck demo bench clean distclean
+
+venv: $(STAMP_DEV)
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP_DEV): pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+$(STAMP_DEMO): pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet -e '.[demo]'
+	@touch $@
+
+$(STAMP_BENCH): pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet -e '.[bench]'
+	@touch $@
+
+lint: venv
+	$(VPY) -m ruff check .
+
+typecheck: venv
+	$(VPY) -m mypy --strict
+
+# pytest once per server binary: `python -m tests.servers --list` prints the bundled Valkey, then
+# the system redis-server if on PATH (or only $$REDIS_SERVER_BIN if set). Every run executes even
+# if an earlier one failed; the target fails if any did.
+pytest: venv
+	@binaries="$$($(VPY) -m tests.servers --list)" || exit 1; \
+	status=0; \
+	for bin in $$binaries; do \
+		echo ""; \
+		echo "=== pytest against $$($$bin --version)"; \
+		echo "=== REDIS_SERVER_BIN=$$bin"; \
+		REDIS_SERVER_BIN="$$bin" $(VPY) -m pytest $(PYTEST_ARGS) || status=1; \
+	done; \
+	if [ $$status -ne 0 ]; then echo "=== pytest FAILED on at least one server"; fi; \
+	exit $$status
+
+test: lint typecheck pytest
+
+demo: $(STAMP_DEMO)
+	$(VPY) -m redis_locks_async demo
+
+bench: $(STAMP_BENCH)
+	$(VPY) -m benchmarks
+
+clean:
+	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,23 @@
+"""redis-locks-async: asyncio-native distributed locks for Redis and Valkey."""
+
+from ._base import LockState as LockState
+from ._errors import LockError as LockError
+from ._errors import LockLostError as LockLostError
+from ._errors import LockNotOwnedError as LockNotOwnedError
+from ._errors import LockTimeout as LockTimeout
+from ._lease import HoldState as HoldState
+from ._lease import Lease as Lease
+from ._lock import Lock as Lock
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "HoldState",
+    "Lease",
+    "Lock",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockState",
+    "LockTimeout",
+)

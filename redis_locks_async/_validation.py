@@ -1,0 +1,60 @@
+"""Argument checks done at the call, before any I/O.
+
+Durations are checked explicitly (a number, finite, in range), never by truthiness, so ``0``,
+``-1``, ``nan``, ``inf`` and ``True`` each get a message that says what was wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+MIN_LEASE: Final = 0.01
+"""The shortest lease accepted, in seconds (leases travel to Redis as whole milliseconds)."""
+
+
+def check_name(name: object) -> str:
+    """A lock name: a non-empty ``str`` that encodes as UTF-8."""
+    if not isinstance(name, str):
+        raise TypeError(f"lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("lock name must not be empty")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"lock name {name!r} is not valid UTF-8 text: {exc.reason}") from None
+    return name
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    result = float(value)
+    if math.isnan(result):
+        raise ValueError(f"{what} must not be NaN")
+    return result
+
+
+def check_lease(value: object, what: str = "lease") -> float:
+    """A lease: finite seconds, at least :data:`MIN_LEASE`."""
+    lease = _number(value, what)
+    if math.isinf(lease):
+        raise ValueError(f"{what} must be finite (an infinite lease could never be recovered)")
+    if lease < MIN_LEASE:
+        raise ValueError(f"{what} must be at least {MIN_LEASE} s, got {lease!r}")
+    return lease
+
+
+def check_timeout(value: object, what: str = "timeout") -> float | None:
+    """A timeout: ``None`` (wait forever) or seconds >= 0; ``inf`` also means forever."""
+    if value is None:
+        return None
+    timeout = _number(value, what)
+    if timeout < 0:
+        raise ValueError(f"{what} must be >= 0 or None, got {timeout!r}")
+    return None if math.isinf(timeout) else timeout
+
+
+def to_ms(seconds: float) -> int:
+    """Whole milliseconds for the Lua boundary (at least 1)."""
+    return max(1, round(seconds * 1000))

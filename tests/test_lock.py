@@ -1,0 +1,478 @@
+"""Core behaviour of :class:`Lock` against a real server (faults live in test_lock_faults)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import redis.asyncio as aioredis
+
+import redis_locks_async
+from redis_locks_async import (
+    Lease,
+    Lock,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    LockState,
+    LockTimeout,
+)
+from redis_locks_async._client import state_for
+from redis_locks_async._keys import LockKeys
+
+
+def test_all_is_exactly_the_public_names() -> None:
+    assert set(redis_locks_async.__all__) == {
+        "HoldState",
+        "Lease",
+        "Lock",
+        "LockError",
+        "LockLostError",
+        "LockNotOwnedError",
+        "LockState",
+        "LockTimeout",
+    }
+    for name in redis_locks_async.__all__:
+        assert getattr(redis_locks_async, name).__doc__, name
+
+
+class TestAcquireRelease:
+    async def test_async_with_holds_and_frees(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        async with lock as lease:
+            assert isinstance(lease, Lease)
+            assert lease.name == name
+            assert lock.owned()
+            assert lock.state is LockState.HELD
+            assert await lock.locked()
+            fields = await client.hgetall(name)
+            assert fields[b"count"] == b"1"
+            assert int(fields[b"token"]) == lease.fencing_token
+            assert 29_000 < await client.pttl(name) <= 30_000
+        assert not await lock.locked()
+        assert not lock.owned()
+        assert lock.state.value == LockState.IDLE.value  # (a fresh look, not the narrowed one)
+
+    async def test_acquire_returns_bool_and_release(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(client, name)
+        assert await lock.acquire(timeout=1) is True
+        try:
+            assert await lock.locked()
+        finally:
+            await lock.release()
+        assert not await lock.locked()
+
+    async def test_non_blocking_attempt(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        await lock.acquire()
+
+        async def other() -> bool:
+            return await lock.acquire(blocking=False)
+
+        assert await asyncio.create_task(other()) is False
+        await lock.release()
+        assert await asyncio.create_task(other()) is True
+
+    async def test_timeout_returns_false_and_async_with_raises(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(client, name, timeout=0.2)
+        await lock.acquire()
+
+        async def waiter() -> None:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert await lock.acquire(timeout=0.1) is False
+            assert 0.1 <= loop.time() - started < 1.0
+            with pytest.raises(LockTimeout) as info:
+                async with lock:
+                    pass  # pragma: no cover
+            assert info.value.name == name
+            assert isinstance(info.value, TimeoutError)
+
+        await asyncio.create_task(waiter())
+        await lock.release()
+        keys = LockKeys.for_name(name)
+        assert await client.zcard(keys.waiters) == 0
+
+    async def test_release_by_non_owner(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        with pytest.raises(LockNotOwnedError, match="not held by this task"):
+            await lock.release()
+        await lock.acquire()
+
+        async def stranger() -> None:
+            with pytest.raises(LockNotOwnedError):
+                await lock.release()
+
+        await asyncio.create_task(stranger())
+        assert await lock.locked()
+        await lock.release()
+
+
+class TestOwnership:
+    async def test_reentrant_in_one_task(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        async with lock as outer:
+            async with lock as inner:
+                assert inner is outer
+                assert inner.hold_count == 2
+                assert await client.hget(name, "count") == b"2"
+            assert await lock.locked()
+            assert await client.hget(name, "count") == b"1"
+        assert not await lock.locked()
+
+    async def test_reentrant_across_lock_objects_of_one_client(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        first, second = Lock(client, name), Lock(client, name)
+        async with first as a, second as b:
+            assert a is b
+            assert a.hold_count == 2
+        assert not await first.locked()
+
+    async def test_tasks_sharing_one_lock_exclude_each_other(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(client, name)
+        inside = 0
+        peak = 0
+        tokens: list[int] = []
+
+        async def worker() -> None:
+            nonlocal inside, peak
+            for _ in range(5):
+                async with lock as lease:
+                    inside += 1
+                    peak = max(peak, inside)
+                    tokens.append(lease.fencing_token)
+                    await asyncio.sleep(0)
+                    inside -= 1
+
+        await asyncio.gather(*(worker() for _ in range(8)))
+        assert peak == 1
+        assert tokens == sorted(tokens)
+        assert len(set(tokens)) == len(tokens) == 40
+
+    async def test_clients_exclude_each_other(self, redis_url: str, name: str) -> None:
+        clients = [aioredis.Redis.from_url(redis_url) for _ in range(3)]
+        inside = 0
+        peak = 0
+
+        async def worker(client: aioredis.Redis) -> None:
+            nonlocal inside, peak
+            for _ in range(10):
+                async with Lock(client, name, timeout=10):
+                    inside += 1
+                    peak = max(peak, inside)
+                    await asyncio.sleep(0.001)
+                    inside -= 1
+
+        try:
+            await asyncio.gather(*(worker(c) for c in clients for _ in range(2)))
+        finally:
+            for c in clients:
+                await c.aclose()
+        assert peak == 1
+
+    async def test_transfer_to_a_background_task(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        proceed = asyncio.Event()
+
+        async def finish() -> int:
+            await proceed.wait()
+            assert lock.owned()
+            token = lock.current_lease.fencing_token if lock.current_lease else -1
+            await lock.release()
+            return token
+
+        async with lock as lease:
+            worker = asyncio.create_task(finish())
+            assert lock.transfer(worker) is lease
+            assert not lock.owned()
+        assert await lock.locked(), "leaving the block must not release a transferred hold"
+        proceed.set()
+        assert await worker == lease.fencing_token
+        assert not await lock.locked()
+
+    async def test_transfer_requires_holding(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        other = asyncio.create_task(asyncio.sleep(0))
+        with pytest.raises(LockNotOwnedError):
+            lock.transfer(other)
+        await other
+
+    async def test_task_ending_while_holding_releases(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(client, name)
+
+        async def forgetful() -> None:
+            await lock.acquire()
+
+        await asyncio.create_task(forgetful())
+        await state_for(client).drain()
+        assert not await lock.locked()
+
+
+class TestFencing:
+    async def test_tokens_strictly_increase_even_after_expiry(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(client, name, auto_renew=False)
+        seen = []
+        for _ in range(3):
+            async with lock as lease:
+                seen.append(lease.fencing_token)
+        await lock.acquire()
+        seen.append(lock.current_lease.fencing_token if lock.current_lease else 0)
+        await client.pexpire(name, 1)  # emulate the lease running out
+        await asyncio.sleep(0.01)
+        with pytest.raises(LockLostError):
+            await lock.release()
+        async with lock as lease:
+            seen.append(lease.fencing_token)
+        assert seen == sorted(set(seen))
+        assert len(seen) == 5
+
+    async def test_reentry_keeps_the_token(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        async with lock as outer, lock as inner:
+            assert inner.fencing_token == outer.fencing_token
+
+
+class TestLeases:
+    async def test_renewal_keeps_a_short_lease_alive(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=0.5, on_lost=lost.append)
+        async with lock as lease:
+            await asyncio.sleep(1.8)
+            assert (await client.hget(name, "owner")) is not None
+            assert 0 < await client.pttl(name) <= 500
+            assert not lease.lost
+        assert not lost
+        keeper = state_for(client).keeper
+        assert keeper.renewal_round_trips >= 3
+
+    async def test_expiry_without_renewal(self, client: aioredis.Redis, name: str) -> None:
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=0.3, auto_renew=False, on_lost=lost.append)
+        await lock.acquire()
+        lease = lock.current_lease
+        assert lease is not None
+        await asyncio.wait_for(lease.wait_lost(), 2)
+        assert lost == [lease]
+        await asyncio.sleep(0.05)  # the local estimate ends first, by design
+        assert not await lock.locked()
+        with pytest.raises(LockLostError):
+            await lock.release()
+        assert not lock.owned()
+
+    async def test_guarded_block_is_cancelled_when_the_lease_is_lost(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=0.3, on_lost=lost.append)
+        reached_end = False
+        with pytest.raises(LockLostError, match="lost") as info:
+            async with lock.guarded() as lease:
+                await client.delete(name)  # taken away behind the holder's back
+                await asyncio.sleep(5)
+                reached_end = True  # pragma: no cover
+        assert not reached_end
+        assert lease.lost and lost == [lease]
+        assert isinstance(info.value.__cause__, asyncio.CancelledError)
+        assert not lock.owned()
+        current = asyncio.current_task()
+        assert current is not None
+        assert getattr(current, "cancelling", lambda: 0)() == 0  # no cancellation left pending
+
+    async def test_extend(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name, lease=1, auto_renew=False)
+        async with lock:
+            await lock.extend(5)
+            assert 4000 < await client.pttl(name) <= 5000
+        with pytest.raises(LockNotOwnedError):
+            await lock.extend()
+
+
+class TestWaiting:
+    async def test_release_hands_over_to_a_waiter(
+        self, client: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        other = aioredis.Redis.from_url(redis_url)
+        try:
+            holder = Lock(client, name)
+            await holder.acquire()
+            got: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+
+            async def wait() -> None:
+                async with Lock(other, name) as lease:
+                    got.set_result(lease)
+                    await asyncio.sleep(0.05)
+
+            task = asyncio.create_task(wait())
+            while not await client.zcard(LockKeys.for_name(name).waiters):  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+            token_before = holder.current_lease.fencing_token if holder.current_lease else 0
+            await holder.release()
+            lease = await asyncio.wait_for(got, 1)
+            assert lease.fencing_token == token_before + 1
+            await task
+        finally:
+            await other.aclose()
+
+    async def test_idle_waiters_send_almost_nothing(
+        self, client: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        holder = aioredis.Redis.from_url(redis_url)
+        waiters = aioredis.Redis.from_url(redis_url, client_name="idle-waiters")
+        try:
+            await Lock(holder, name, lease=60, auto_renew=False).acquire()
+            lock = Lock(waiters, name)
+            tasks = [asyncio.create_task(lock.acquire(timeout=30)) for _ in range(200)]
+            await asyncio.sleep(0.5)
+            before = await _commands_of(client, "idle-waiters")
+            await asyncio.sleep(2)
+            after = await _commands_of(client, "idle-waiters")
+            assert after - before <= 2, "idle waiters must not poll"
+            conns = await _connections_of(client, "idle-waiters")
+            assert conns <= 2
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await waiters.aclose()
+            await holder.aclose()
+
+    async def test_waiter_wakes_when_the_holder_lease_ends(
+        self, client: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        """Expiry publishes nothing: the waiter's sleep is bounded by the holder's lease."""
+        holder = aioredis.Redis.from_url(redis_url)
+        try:
+            await Lock(holder, name, lease=0.4, auto_renew=False).acquire()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            async with Lock(client, name, timeout=3):
+                assert loop.time() - started < 1.4
+        finally:
+            await holder.aclose()
+
+
+async def _client_entries(client: aioredis.Redis, client_name: str) -> list[dict[str, str]]:
+    raw = await client.execute_command("CLIENT", "LIST")  # type: ignore[no-untyped-call]
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    entries = []
+    for line in text.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if fields.get("name") == client_name:
+            entries.append(fields)
+    return entries
+
+
+async def _commands_of(client: aioredis.Redis, client_name: str) -> int:
+    # `tot-cmds` is not in every server's CLIENT LIST; fall back to the server-wide count.
+    entries = await _client_entries(client, client_name)
+    if entries and all("tot-cmds" in e for e in entries):
+        return sum(int(e["tot-cmds"]) for e in entries)
+    info = await client.info("stats")
+    return int(info["total_commands_processed"]) - 2  # our own INFO and CLIENT LIST
+
+
+async def _connections_of(client: aioredis.Redis, client_name: str) -> int:
+    return len(await _client_entries(client, client_name))
+
+
+class TestBadInput:
+    """Bad arguments fail at the call, before any I/O (the client points nowhere)."""
+
+    @pytest.fixture
+    def nowhere(self) -> aioredis.Redis:
+        return aioredis.Redis(host="127.0.0.1", port=1)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error"),
+        [
+            ({"lease": 0}, ValueError),
+            ({"lease": -1}, ValueError),
+            ({"lease": math.nan}, ValueError),
+            ({"lease": math.inf}, ValueError),
+            ({"lease": "30"}, TypeError),
+            ({"lease": True}, TypeError),
+            ({"timeout": -0.5}, ValueError),
+            ({"timeout": math.nan}, ValueError),
+            ({"auto_renew": 1}, TypeError),
+        ],
+    )
+    def test_constructor(
+        self, nowhere: aioredis.Redis, kwargs: dict[str, object], error: type
+    ) -> None:
+        with pytest.raises(error):
+            Lock(nowhere, "n", **kwargs)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize(
+        ("bad", "error"),
+        [("", ValueError), (b"x", TypeError), (None, TypeError), ("\ud800", ValueError)],
+    )
+    def test_names(self, nowhere: aioredis.Redis, bad: object, error: type) -> None:
+        with pytest.raises(error):
+            Lock(nowhere, bad)  # type: ignore[arg-type]
+
+    async def test_acquire_arguments(self, nowhere: aioredis.Redis) -> None:
+        lock = Lock(nowhere, "n")
+        with pytest.raises(ValueError):
+            await lock.acquire(timeout=-1)
+        with pytest.raises(TypeError):
+            await lock.acquire(timeout="1")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            await lock.extend(lease=0)
+
+    async def test_connection_refused_is_a_lock_error(self, nowhere: aioredis.Redis) -> None:
+        with pytest.raises(LockError, match="cannot acquire 'n'") as info:
+            await Lock(nowhere, "n").acquire()
+        assert info.value.__cause__ is not None
+        await nowhere.aclose()
+
+    async def test_wrong_type_key_is_named(self, client: aioredis.Redis, name: str) -> None:
+        await client.set(name, "not a lock")
+        with pytest.raises(LockError, match="holds a value of the wrong type") as info:
+            await Lock(client, name).acquire()
+        assert repr(name) in str(info.value)
+        assert info.value.name == name
+        assert await client.get(name) == b"not a lock"
+
+    async def test_foreign_hash_is_left_alone(self, client: aioredis.Redis, name: str) -> None:
+        await client.hset(name, "field", "value")
+        with pytest.raises(LockError, match="is not a lock"):
+            await Lock(client, name).acquire()
+        assert await client.hgetall(name) == {b"field": b"value"}
+
+    async def test_wrong_type_fence_key(self, client: aioredis.Redis, name: str) -> None:
+        await client.rpush(LockKeys.for_name(name).fence, "x")
+        with pytest.raises(LockError, match=r"\{"):
+            await Lock(client, name).acquire()
+        assert not await client.exists(name)
+
+
+class TestScripts:
+    async def test_survives_script_flush(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        async with lock:
+            await client.script_flush()
+        await client.script_flush()
+        async with lock, lock:
+            await client.script_flush()
+        assert not await lock.locked()
+
+    async def test_repr(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name)
+        assert name in repr(lock) and "idle" in repr(lock)
+        async with lock as lease:
+            assert "held" in repr(lock)
+            assert str(lease.fencing_token) in repr(lease)

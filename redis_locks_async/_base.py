@@ -233,6 +233,11 @@ class LockBase(ABC):
             raise LockNotOwnedError(
                 f"cannot release {self._name!r}: not held by this task", name=self._name
             )
+        if lease.state is HoldState.RELEASING:
+            raise LockNotOwnedError(
+                f"cannot release {self._name!r}: a release of this hold is still in progress",
+                name=self._name,
+            )
         if lease.state is HoldState.LOST:
             self._forget(state, task, lease)
             raise LockLostError(
@@ -381,7 +386,9 @@ class LockBase(ABC):
             state.spawn(self._cleanup_after(job, cleanup))
             raise
         except RedisError as exc:
-            if cleanup_on_error:
+            # A script error leaves no partial writes (each script fails before it writes);
+            # a lost connection may have delivered the command, so clean up after it.
+            if cleanup_on_error and _transient(exc):
                 state.spawn(self._cleanup_after(job, cleanup))
             await raise_translated(self._redis, self._keys.script_keys, self._name, "acquire", exc)
         if reply.status == -2:
@@ -405,6 +412,9 @@ class LockBase(ABC):
                 await cleanup()
                 return
             except (RedisError, OSError) as exc:
+                if not _transient(exc):
+                    logger.warning("cleanup of %r failed: %s", self._name, exc)
+                    return
                 logger.info("cleanup of %r failed (%s); retrying", self._name, exc)
                 await asyncio.sleep(delay)
         logger.warning("cleanup of %r gave up; its lease ends by itself", self._name)

@@ -225,7 +225,10 @@ class Notifier:
                 continue
             failures = 0
             if message is not None:
-                self._dispatch(message)
+                try:
+                    self._dispatch(message)
+                except ValueError:  # not one of our announcements: never let it stop the wait
+                    logger.warning("ignoring a malformed message: %r", message)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = _text(message.get("type"))

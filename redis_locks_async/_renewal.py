@@ -59,6 +59,8 @@ class LeaseKeeper:
     def discard(self, lease: Lease) -> None:
         """Stop keeping ``lease`` (released or given up)."""
         self._leases.discard(lease)
+        if not self._leases and self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)  # nothing left to keep: let the task end now
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -7,6 +7,8 @@ import math
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 import redis_locks_async
 from redis_locks_async import (
@@ -394,7 +396,7 @@ class TestBadInput:
 
     @pytest.fixture
     def nowhere(self) -> aioredis.Redis:
-        return aioredis.Redis(host="127.0.0.1", port=1)
+        return aioredis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
 
     @pytest.mark.parametrize(
         ("kwargs", "error"),

@@ -443,6 +443,7 @@ class LockBase(ABC):
                 await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
                 if not waiter.turn.done():
                     return False
+            self._check_open(state)
             if not state.notifier.subscribed(channel):
                 # nobody here waits for this lock: one plain attempt first (the fast path)
                 started = loop.time()
@@ -454,6 +455,7 @@ class LockBase(ABC):
             state.notifier.expect(channel, waiter, owner)
             failures = 0
             while True:
+                self._check_open(state)
                 waiter.reset_signal()
                 started = loop.time()
                 registered = False  # a cancelled attempt cleans up after itself
@@ -481,6 +483,7 @@ class LockBase(ABC):
                         return False
                     bound = reply.ttl_ms / 1000 if reply.ttl_ms > 0 else self._lease
                     await waiter.sleep(bound if left is None else min(bound, left))
+                    self._check_open(state)
                 grant = waiter.grant
                 if grant is not None:
                     expires = grant.received_at + grant.lease_ms / 1000
@@ -494,6 +497,12 @@ class LockBase(ABC):
             raise
         finally:
             state.notifier.leave(channel, waiter)
+
+    def _check_open(self, state: ClientState) -> None:
+        if state.closed:
+            raise LockError(
+                f"cannot acquire {self._name!r}: the redis client was closed", name=self._name
+            )
 
     async def _settle_abandon(self, state: ClientState, owner: str) -> None:
         """Give up waiting: drop the registration, and pass on a hold handed over meanwhile."""
@@ -560,6 +569,8 @@ class LockBase(ABC):
         def task_ended(_: asyncio.Task[Any]) -> None:
             if state.holds.get((self._name, task)) is not lease or state.closed:
                 return
+            if lease.state is HoldState.RELEASING:
+                return  # a release (cancelled in its caller) is finishing the job
             logger.warning(
                 "task %s ended while holding %r; releasing it", task.get_name(), self._name
             )

@@ -25,6 +25,7 @@ from ._renewal import LeaseKeeper
 logger = logging.getLogger("redis_locks_async")
 
 _ATTRIBUTE: Final = "_redis_locks_async_state"
+_CLOSE_GRACE: Final = 2.0  # seconds waiters and cleanups get to tidy up on close
 
 
 @final
@@ -65,14 +66,23 @@ class ClientState:
         """How many background tasks are running (listener, keeper, cleanups)."""
         return len(self._tasks)
 
-    async def drain(self) -> None:
-        """Wait for pending cleanups (used by tests and by close)."""
-        pending = [t for t in self._tasks if t is not asyncio.current_task()]
+    def _cleanups(self) -> list[asyncio.Task[None]]:
+        long_lived = (self.keeper.task, self.notifier.listener, asyncio.current_task())
+        return [task for task in self._tasks if task not in long_lived]
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Wait for pending cleanups and releases (not the keeper or the listener)."""
+        pending = self._cleanups()
         if pending:
-            await asyncio.wait(pending, timeout=5)
+            await asyncio.wait(pending, timeout=timeout)
 
     async def aclose(self) -> None:
-        """Stop everything this library runs for the client."""
+        """Stop everything this library runs for the client.
+
+        Waiting tasks fail with :class:`LockError` after removing their registrations; held
+        leases are marked lost (they end on the server by themselves); then the pub/sub
+        connection is closed and every remaining background task is cancelled.
+        """
         if self.closed:
             return
         self.closed = True
@@ -80,6 +90,9 @@ class ClientState:
             lease._mark_lost("the client was closed")
         self.holds.clear()
         await self.keeper.aclose()
+        self.notifier.wake_all()
+        await self.notifier.wait_empty(timeout=_CLOSE_GRACE)
+        await self.drain(timeout=_CLOSE_GRACE)
         await self.notifier.aclose()
         tasks = list(self._tasks)
         for task in tasks:

@@ -112,6 +112,7 @@ class Notifier:
         self._channels: dict[str, _Channel] = {}
         self._listener: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
+        self._emptied: asyncio.Future[None] | None = None
         self.reconnects = 0
 
     @property
@@ -185,6 +186,8 @@ class Notifier:
         del self._channels[channel]
         if entry.confirmed is not None:
             self._spawn(self._unsubscribe(channel))
+        if not self._channels and self._emptied is not None and not self._emptied.done():
+            self._emptied.set_result(None)
 
     async def _subscribe(self, channel: str) -> None:
         async with self._send_lock:
@@ -254,12 +257,29 @@ class Notifier:
             else:
                 entry.recheck()
 
-    async def aclose(self) -> None:
-        """Stop listening and close the pub/sub connection."""
-        listener, self._listener = self._listener, None
+    def wake_all(self) -> None:
+        """Wake every local waiter, heads and queued alike (the client is closing)."""
         for entry in self._channels.values():
             for waiter in entry.queue:
                 waiter.signal()
+                if not waiter.turn.done():
+                    waiter.turn.set_result(None)
+
+    async def wait_empty(self, timeout: float) -> None:
+        """Return once no waiter is queued, or after ``timeout`` seconds."""
+        if self._channels:
+            self._emptied = asyncio.get_running_loop().create_future()
+            await asyncio.wait((self._emptied,), timeout=timeout)
+
+    @property
+    def listener(self) -> asyncio.Task[None] | None:
+        """The listener task, while there is one."""
+        return self._listener
+
+    async def aclose(self) -> None:
+        """Stop listening and close the pub/sub connection."""
+        listener, self._listener = self._listener, None
+        self.wake_all()
         if listener is not None:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)

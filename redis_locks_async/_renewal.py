@@ -48,6 +48,11 @@ class LeaseKeeper:
     def __len__(self) -> int:
         return len(self._leases)
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The keeper's task, while there is one."""
+        return self._task
+
     def add(self, lease: Lease) -> None:
         """Start keeping ``lease`` (renewing it, or watching it expire)."""
         self._leases.add(lease)
@@ -102,9 +107,14 @@ class LeaseKeeper:
             script, keys, args = lease._renew_call
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         self.renewal_round_trips += 1
+        # A silent network must not keep a lease "held" past its end: bound the round trip
+        # by the earliest local expiry and treat running out as a transient failure.
+        bound = max(0.01, min(lease._expires_at for lease in due) - sent_at)
         try:
-            results: list[object] = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
+            results: list[object] = await asyncio.wait_for(
+                pipe.execute(raise_on_error=False), bound
+            )
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
             results = [exc] * len(due)
         reload: set[str] = set()
         for lease, result in zip(due, results, strict=True):

@@ -1,0 +1,1017 @@
+"""``Lock`` under faults: cancellation, lost pub/sub, dead holders, renewal, restarts, close.
+
+SPEC §4 (Cancellation, Waiting, Leases) and §6 S2 (liveness) and S3 (no leaks). Every test runs
+against a real server. Network faults come from ``tests/faultproxy.py``: a test that cancels
+"during" a command holds the replies at the proxy, lets them through one at a time until the
+server shows that the command of interest ran (:func:`hold_reply_of`), cancels, and only then
+lets the reply flow — so the cancellation lands exactly between the command reaching Redis and
+its reply reaching the client, the window where a ghost holder would be born. Process faults
+use real processes (``tests/_lockworker.py``). Real time is waited for only where it is the
+point: leases expiring or being renewed, timeouts running out.
+
+After each scenario the tests check the two S3 invariants: no key is owned (or waited for) by
+an owner id that no live task stands behind (:func:`assert_no_ghost`), and the library's
+background tasks settle (:func:`settle`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+
+from redis_locks_async import Lease, Lock, LockError, LockLostError
+from redis_locks_async._client import state_for
+from redis_locks_async._keys import LockKeys
+from redis_locks_async._scripts import LOCK_ACQUIRE, LOCK_EXTEND, LOCK_RELEASE, LOCK_SETTLE
+from tests.faultproxy import FaultProxy
+from tests.servers import ServerFactory
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = (LOCK_ACQUIRE, LOCK_RELEASE, LOCK_EXTEND, LOCK_SETTLE)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+async def until(predicate: Callable[[], object], *, what: str, within: float = 5.0) -> None:
+    """Wait until ``predicate()`` (or what it returns, if awaitable) is truthy, polling every
+    2 ms; fail naming ``what`` after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+async def step(proxy: FaultProxy) -> None:
+    """Deliver the replies held right now (one chunk per connection), then hold again.
+
+    The hold is back on as soon as the first byte is delivered — before the client has even
+    read it — so a command the client sends in reaction is held in its turn.
+    """
+    delivered = proxy.stats.bytes_down
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    proxy.release_replies()
+    while proxy.stats.bytes_down == delivered:
+        assert loop.time() < deadline, "held replies were not delivered"
+        await asyncio.sleep(0)
+    proxy.hold_replies()
+
+
+async def hold_reply_of(proxy: FaultProxy, ran: Callable[[], Awaitable[bool]]) -> None:
+    """With replies held, let them through one by one until ``ran()`` shows (on the server)
+    that the command of interest executed; its reply is then held at the proxy.
+
+    The command of interest is sent only after the client saw the reply before it, so it
+    cannot slip through a :func:`step`.
+    """
+    while True:
+        await proxy.wait_held()
+        if await ran():
+            return
+        await step(proxy)
+
+
+async def quiesce(proxy: FaultProxy) -> None:
+    """Wait until no reply is pending at the proxy, then give the client a few loop turns to
+    read what was delivered and act on it (a wake-up, a sleep)."""
+    await until(lambda: proxy.stats.bytes_pending_down == 0, what="replies to be delivered")
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def live_ids(*clients: aioredis.Redis) -> set[str]:
+    """Owner ids some live local task stands behind: held leases and queued waiters."""
+    ids: set[str] = set()
+    for client in clients:
+        state = state_for(client)
+        ids |= {lease._owner for lease in state.holds.values() if not lease.lost}
+        for entry in state.notifier._channels.values():
+            ids |= set(entry.by_owner)
+    return ids
+
+
+async def assert_no_ghost(inspector: aioredis.Redis, name: str, *clients: aioredis.Redis) -> None:
+    """Neither the lock nor a waiter registration of ``name`` belongs to a dead owner."""
+    keys = LockKeys.for_name(name)
+    live = live_ids(*clients)
+    owner = await owner_of(inspector, name)
+    assert owner is None or owner in live, f"{name!r} is held by ghost {owner!r}"
+    registered = {_text(m) for m in await inspector.zrange(keys.waiters, 0, -1)}
+    assert registered <= live, f"dead waiters still registered on {name!r}: {registered - live}"
+
+
+async def settle(client: aioredis.Redis, expected: int = 0) -> None:
+    """Let the library's cleanups finish; then exactly ``expected`` background tasks remain."""
+    state = state_for(client)
+    if expected == 0:
+        await state.drain()  # waits for everything, so only when nothing should stay
+    await until(
+        lambda: state.background_tasks == expected,
+        what=f"{expected} background tasks (have {state.background_tasks})",
+        within=2.0,
+    )
+
+
+def _text(value: object) -> str:
+    assert isinstance(value, bytes)
+    return value.decode()
+
+
+async def owner_of(inspector: aioredis.Redis, name: str) -> str | None:
+    owner = await inspector.hget(name, "owner")
+    return None if owner is None else _text(owner)
+
+
+async def registered(inspector: aioredis.Redis, name: str) -> int:
+    return int(await inspector.zcard(LockKeys.for_name(name).waiters))
+
+
+async def subscribers(inspector: aioredis.Redis, name: str) -> int:
+    channel = LockKeys.for_name(name).channel
+    reply = await inspector.pubsub_numsub(channel)
+    return int(reply[0][1])
+
+
+async def blocked_clients(inspector: aioredis.Redis) -> int:
+    """Clients the server holds back (blocked, or postponed by ``CLIENT PAUSE``)."""
+    return int((await inspector.info("clients"))["blocked_clients"])
+
+
+async def kill_pubsub(inspector: aioredis.Redis) -> int:
+    """``CLIENT KILL TYPE pubsub``: how many pub/sub connections the server dropped."""
+    killed = await inspector.execute_command("CLIENT", "KILL", "TYPE", "pubsub")  # type: ignore[no-untyped-call]
+    return int(killed)
+
+
+async def finish(task: asyncio.Task[Any], within: float, what: str) -> None:
+    """Wait for ``task``; if it hangs, cancel it and fail (instead of hanging the run)."""
+    done, _ = await asyncio.wait((task,), timeout=within)
+    if not done:
+        task.cancel()
+        await asyncio.wait((task,), timeout=1.0)
+        raise AssertionError(f"{what}: still running after {within} s")
+
+
+class HoldingTask:
+    """A task that acquires ``lock`` (its own task is the owner) and holds it until :meth:`end`."""
+
+    def __init__(self, lock: Lock, *, timeout: float | None = None) -> None:
+        self.lock = lock
+        self.acquired: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
+        self._end = asyncio.Event()
+        self.task = asyncio.create_task(self._run(timeout))
+
+    async def _run(self, wait: float | None) -> None:
+        if not await self.lock.acquire(timeout=wait):
+            self.acquired.set_result(None)
+            return
+        self.acquired.set_result(self.lock.current_lease)
+        await self._end.wait()
+        await self.lock.release()
+
+    async def wait_acquired(self, within: float = 5.0) -> Lease | None:
+        """The lease once acquired, ``None`` if the acquire timed out."""
+        await asyncio.wait(
+            (self.acquired, self.task), timeout=within, return_when=asyncio.FIRST_COMPLETED
+        )
+        if self.acquired.done():
+            return self.acquired.result()
+        if self.task.done():
+            self.task.result()  # raises what the acquire raised
+        raise AssertionError(f"not acquired within {within} s")
+
+    async def end(self) -> None:
+        """Release (if held) and wait for the task."""
+        self._end.set()
+        await finish(self.task, 5.0, "releasing task")
+        self.task.result()
+
+
+async def worker_process(
+    url: str, name: str, *args: str, stdin: int | None = None
+) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests._lockworker", "--url", url, "--name", name, *args,
+        stdin=stdin, stdout=asyncio.subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def proxied(fault_proxy: FaultProxy, client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
+    """A client whose every connection runs through ``fault_proxy``: connected, scripts loaded
+    (so the first reply of an acquire is the script's, not a NOSCRIPT or a handshake)."""
+    for script in SCRIPTS:
+        await client.script_load(script.source)
+    conn = aioredis.Redis.from_url(fault_proxy.url)
+    await conn.ping()
+    try:
+        yield conn
+    finally:
+        fault_proxy.heal()
+        await conn.aclose()
+
+
+@pytest.fixture
+async def holder(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A second direct client, for the task that holds the lock the others want."""
+    conn = aioredis.Redis.from_url(redis_url)
+    try:
+        yield conn
+    finally:
+        await conn.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Cancellation at every await of acquire and release (S3)
+# --------------------------------------------------------------------------------------------
+
+
+class TestCancellation:
+    async def test_cancel_during_try_on_free_lock_leaves_no_ghost(
+        self, proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(proxied, name)
+        fault_proxy.hold_replies()
+        task = asyncio.create_task(lock.acquire())
+
+        async def took_it() -> bool:
+            return bool(await client.exists(name))
+
+        await hold_reply_of(fault_proxy, took_it)  # the lock is taken; the client can't know
+        task.cancel()
+        fault_proxy.release_replies()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        await settle(proxied)
+        assert not await client.exists(name), "the cancelled 'try' left the lock held"
+        await assert_no_ghost(client, name, proxied)
+
+    async def test_cancel_during_try_on_held_lock(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        name: str,
+    ) -> None:
+        held = Lock(holder, name)
+        await held.acquire()
+        fault_proxy.hold_replies()
+        task = asyncio.create_task(Lock(proxied, name).acquire())
+        await fault_proxy.wait_held()  # a warm connection: the only reply is the 'try' attempt's
+        task.cancel()
+        fault_proxy.release_replies()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        await settle(proxied)
+        lease = held.current_lease
+        assert lease is not None
+        assert await owner_of(client, name) == lease._owner
+        await assert_no_ghost(client, name, proxied, holder)
+        await held.release()
+        assert not await client.exists(name), "the release handed the lock to a cancelled task"
+
+    @pytest.mark.parametrize("live_waiter", [False, True], ids=["alone", "with-live-waiter"])
+    async def test_cancel_while_waiting_deregisters(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        name: str,
+        live_waiter: bool,
+    ) -> None:
+        held = Lock(holder, name)
+        await held.acquire()
+        task = asyncio.create_task(Lock(proxied, name).acquire())
+        await until(lambda: registered(client, name), what="the waiter's registration")
+        await quiesce(fault_proxy)  # its registering reply is read: it sleeps now
+        other = None
+        if live_waiter:
+            other = HoldingTask(Lock(client, name), timeout=5.0)
+            await until(
+                lambda: _equals(registered(client, name), 2), what="the live waiter's registration"
+            )
+
+        task.cancel()  # it sleeps in the wait, registered in Redis
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await registered(client, name) == (1 if live_waiter else 0)
+        await settle(proxied)
+        await assert_no_ghost(client, name, proxied, holder, client)
+
+        await held.release()
+        if other is None:
+            assert not await client.exists(name), "the release handed the lock to a cancelled task"
+            return
+        lease = await other.wait_acquired()
+        assert lease is not None, "the live waiter never got the lock"
+        assert await owner_of(client, name) == lease._owner
+        await other.end()
+        assert not await client.exists(name)
+        await settle(client)
+
+    @pytest.mark.parametrize("handed_over", [False, True], ids=["still-held", "handed-over"])
+    async def test_cancel_during_registering_wait_attempt(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        name: str,
+        handed_over: bool,
+    ) -> None:
+        held = Lock(holder, name)
+        await held.acquire()
+        fault_proxy.hold_replies()
+        task = asyncio.create_task(Lock(proxied, name).acquire())
+
+        async def registered_now() -> bool:
+            return await registered(client, name) == 1
+
+        # through the 'try', the pub/sub handshake and SUBSCRIBE, up to the 'wait' attempt
+        await hold_reply_of(fault_proxy, registered_now)
+        if handed_over:
+            # The release hands the lock to the registration whose reply is still in flight.
+            holder_id = _owner_id(held)
+            await held.release()
+            assert await owner_of(client, name) not in (None, holder_id)
+        task.cancel()
+        fault_proxy.release_replies()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        await settle(proxied)
+        assert await registered(client, name) == 0
+        await assert_no_ghost(client, name, proxied, holder)
+        if not handed_over:
+            await held.release()
+        assert not await client.exists(name), "the cancelled waiter kept (or got) the lock"
+
+    async def test_cancel_during_release_still_releases(
+        self, proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(proxied, name)
+        acquired, go = asyncio.Event(), asyncio.Event()
+
+        async def hold_then_release() -> None:
+            await lock.acquire()
+            acquired.set()
+            await go.wait()
+            await lock.release()
+
+        task = asyncio.create_task(hold_then_release())
+        await acquired.wait()
+        fault_proxy.hold_replies()
+        go.set()
+
+        async def released() -> bool:
+            return not await client.exists(name)
+
+        await hold_reply_of(fault_proxy, released)
+        task.cancel()
+        fault_proxy.release_replies()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        await settle(proxied)
+        assert not await client.exists(name)
+        assert not state_for(proxied).holds
+        await assert_no_ghost(client, name, proxied)
+
+    async def test_cancel_as_release_starts_still_releases(
+        self, proxied: aioredis.Redis, client: aioredis.Redis, name: str
+    ) -> None:
+        """Cancelled before the release command is even sent, by a task that survives the
+        cancellation (so no task-exit safety net): the lock must still be released."""
+        lock = Lock(proxied, name)
+        acquired, go, cancelled, leave = (asyncio.Event() for _ in range(4))
+
+        async def hold_then_release() -> None:
+            await lock.acquire()
+            acquired.set()
+            await go.wait()
+            try:
+                await lock.release()
+            except asyncio.CancelledError:
+                cancelled.set()
+            await leave.wait()
+
+        task = asyncio.create_task(hold_then_release())
+        await acquired.wait()
+        go.set()
+        await asyncio.sleep(0)  # the task runs up to the release's first await, no further
+        task.cancel()
+        await cancelled.wait()
+        try:
+            await until(lambda: _equals(client.exists(name), 0), what="the release", within=2.0)
+            await settle(proxied)
+            assert not state_for(proxied).holds
+        finally:
+            leave.set()
+            await task
+
+    async def test_cancel_during_reentry_restores_hold_count(
+        self, proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(proxied, name)
+        first, reenter, cancelled, done = (asyncio.Event() for _ in range(4))
+
+        async def owner() -> None:
+            await lock.acquire()
+            first.set()
+            await reenter.wait()
+            try:
+                await lock.acquire()
+            except asyncio.CancelledError:
+                uncancel = getattr(asyncio.current_task(), "uncancel", None)
+                if uncancel is not None:
+                    uncancel()
+                cancelled.set()
+            else:
+                raise AssertionError("the re-entry was not cancelled")
+            await done.wait()
+            await lock.release()
+
+        task = asyncio.create_task(owner())
+        await first.wait()
+        fault_proxy.hold_replies()
+        reenter.set()
+
+        async def reentered() -> bool:
+            return await client.hget(name, "count") == b"2"
+
+        await hold_reply_of(fault_proxy, reentered)
+        task.cancel()
+        fault_proxy.release_replies()
+        await cancelled.wait()
+
+        await until(
+            lambda: _equals(client.hget(name, "count"), b"1"),
+            what="the unseen re-entry to be undone (count back to 1)",
+        )
+        lease = state_for(proxied).holds[(name, task)]
+        assert lease.hold_count == 1
+        assert await owner_of(client, name) == lease._owner
+        done.set()
+        await finish(task, 5.0, "release after the cancelled re-entry")
+        task.result()
+        assert not await client.exists(name), "one release did not free a lock entered once"
+        await settle(proxied)
+
+    async def test_move_on_after_while_waiting_leaks_nothing(
+        self, proxied: aioredis.Redis, client: aioredis.Redis, holder: aioredis.Redis, name: str
+    ) -> None:
+        held = Lock(holder, name)
+        await held.acquire()
+        with anyio.move_on_after(0.2) as scope:
+            await Lock(proxied, name).acquire()
+        assert scope.cancelled_caught
+
+        await settle(proxied)
+        assert await registered(client, name) == 0
+        await assert_no_ghost(client, name, proxied, holder)
+        await held.release()
+        assert not await client.exists(name)
+
+    async def test_cancel_scope_during_try_leaks_nothing(
+        self, proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        """anyio keeps re-cancelling a task until it leaves the scope: the cleanup must not
+        depend on the cancelled task living on."""
+        fault_proxy.hold_replies()
+
+        async def took_it() -> bool:
+            return bool(await client.exists(name))
+
+        with anyio.CancelScope() as scope:
+
+            async def cancel_when_taken() -> None:
+                await hold_reply_of(fault_proxy, took_it)
+                scope.cancel()
+                await asyncio.sleep(0.01)  # let anyio's cancellation land first
+                fault_proxy.release_replies()
+
+            helper = asyncio.create_task(cancel_when_taken())
+            await Lock(proxied, name).acquire()
+        await helper
+        assert scope.cancelled_caught
+
+        await settle(proxied)
+        assert not await client.exists(name)
+        await assert_no_ghost(client, name, proxied)
+
+    async def test_grant_arriving_with_the_waiters_last_reply(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """The waiter's last attempt (at its deadline) ran and said "held"; before that reply
+        arrives the holder hands the lock over to it, and both news arrive together. It must
+        keep the lock or pass it on."""
+        held = Lock(holder, name)
+        await held.acquire()
+        fault_proxy.hold_replies()
+        waiter = HoldingTask(Lock(proxied, name), timeout=0.3)
+        await _reach_last_attempt(fault_proxy, client, name)
+        holder_id = _owner_id(held)
+        await held.release()  # the handover and its announcement are held back too
+        assert await owner_of(client, name) not in (None, holder_id)
+        fault_proxy.release_replies()
+
+        await _check_outcome(waiter, client, name, proxied)
+
+    async def test_handover_between_the_last_attempt_and_giving_up(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """The exact race of a release with a timeout: the waiter's last attempt says "held",
+        its time is up, and the holder's release (handing the lock to it) runs on the server
+        just before the waiter's give-up script. The give-up must pass the lock on.
+
+        ``CLIENT PAUSE WRITE`` orders the two scripts: both are postponed, then run in order.
+        """
+        holding = HoldingTask(Lock(holder, name))
+        assert await holding.wait_acquired() is not None
+        fault_proxy.hold_replies()
+        waiter = HoldingTask(Lock(proxied, name), timeout=0.3)
+        await _reach_last_attempt(fault_proxy, client, name)  # it ran: "still held"
+
+        await client.execute_command("CLIENT", "PAUSE", "5000", "WRITE")  # type: ignore[no-untyped-call]
+        try:
+            release = asyncio.create_task(holding.end())
+            await until(lambda: _equals(blocked_clients(client), 1), what="the release to queue")
+            await step(fault_proxy)  # "still held", and the time is up: the waiter gives up
+            await until(lambda: _equals(blocked_clients(client), 2), what="the give-up to queue")
+        finally:
+            await client.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
+        await finish(release, 2.0, "the holder's release")
+        fault_proxy.release_replies()  # the handover announcement comes too late to matter
+
+        assert await waiter.wait_acquired() is None
+        await _check_outcome(waiter, client, name, proxied)
+
+    @pytest.mark.parametrize("offset_ms", [-6, -3, -1, 0, 1, 2, 4, 8])
+    async def test_release_racing_the_waiters_timeout(
+        self,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        redis_url: str,
+        name: str,
+        offset_ms: int,
+    ) -> None:
+        """Real-time race: the holder releases around the moment the waiter's timeout ends."""
+        waiting = aioredis.Redis.from_url(redis_url)
+        try:
+            held = Lock(holder, name)
+            await held.acquire()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 0.1
+            waiter = HoldingTask(Lock(waiting, name), timeout=0.1)
+            await until(lambda: registered(client, name), what="the waiter's registration")
+            await asyncio.sleep(max(0.0, deadline + offset_ms / 1000 - loop.time()))
+            await held.release()
+            await _check_outcome(waiter, client, name, waiting)
+        finally:
+            await waiting.aclose()
+
+
+async def _reach_last_attempt(proxy: FaultProxy, inspector: aioredis.Redis, name: str) -> None:
+    """With replies held from the start of an acquire: let everything through up to and
+    including the registering attempt's reply; return once the reply to the waiter's next
+    attempt (at its deadline: nothing else wakes it) is held at the proxy."""
+
+    async def registered_now() -> bool:
+        return await registered(inspector, name) == 1
+
+    await hold_reply_of(proxy, registered_now)
+    await step(proxy)  # the registration's reply: the waiter goes to sleep
+    await proxy.wait_held()
+
+
+async def _check_outcome(
+    waiter: HoldingTask, inspector: aioredis.Redis, name: str, client: aioredis.Redis
+) -> None:
+    """Either the waiter holds the lock (really) or nobody does; never a ghost."""
+    lease = await waiter.wait_acquired()
+    if lease is not None:
+        assert await owner_of(inspector, name) == lease._owner
+        assert int(await inspector.hget(name, "token") or 0) == lease.fencing_token
+        await waiter.end()
+    else:
+        await finish(waiter.task, 2.0, "timed-out waiter")
+    await settle(client)
+    assert not await inspector.exists(name), "the lock was left to a ghost"
+    assert await registered(inspector, name) == 0
+
+
+def _owner_id(lock: Lock) -> str:
+    lease = lock.current_lease
+    assert lease is not None
+    return lease._owner
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
+
+
+# --------------------------------------------------------------------------------------------
+# 2. The pub/sub connection is killed (S2)
+# --------------------------------------------------------------------------------------------
+
+
+async def _all_proceed(workers: list[HoldingTask], within: float) -> list[int]:
+    """Let every worker acquire in turn (each releasing at once); the tokens, in order."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    tokens: list[int] = []
+    pending = list(workers)
+    while pending:
+        left = max(0.0, deadline - loop.time())
+        done, _ = await asyncio.wait(
+            [w.acquired for w in pending], timeout=left, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not done:
+            for worker in pending:
+                if worker.task.done():
+                    worker.task.result()  # an acquire that failed: show why
+            raise AssertionError(f"{len(pending)} of {len(workers)} waiters stuck for {within} s")
+        for worker in [w for w in pending if w.acquired.done()]:
+            lease = worker.acquired.result()
+            assert lease is not None
+            tokens.append(lease.fencing_token)
+            await worker.end()
+            pending.remove(worker)
+    assert tokens == sorted(tokens)
+    return tokens
+
+
+class TestPubSubKilled:
+    async def test_waiters_proceed_after_pubsub_kill(
+        self, client: aioredis.Redis, holder: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        waiting = aioredis.Redis.from_url(redis_url)
+        try:
+            held = Lock(holder, name)
+            await held.acquire()
+            lock = Lock(waiting, name)
+            workers = [HoldingTask(lock, timeout=10) for _ in range(3)]
+            notifier = state_for(waiting).notifier
+            await until(lambda: notifier.waiting == 3, what="three local waiters")
+            await until(lambda: registered(client, name), what="the head's registration")
+
+            assert await kill_pubsub(client) == 1
+            await until(lambda: subscribers(client, name), what="the re-subscription")
+            loop = asyncio.get_running_loop()
+            reconnected = loop.time()
+            await held.release()
+            await _all_proceed(workers, within=1.0)
+            assert loop.time() - reconnected < 1.0
+            await settle(waiting)
+            assert not await client.exists(name)
+        finally:
+            await waiting.aclose()
+
+    async def test_release_while_pubsub_down_is_not_missed(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """The pub/sub connection is killed and its reconnection stalls in the handshake
+        (replies held), so the release is announced to nobody; once the connection is back
+        the waiters must re-check and find the lock handed over."""
+        held = Lock(holder, name)
+        await held.acquire()
+        lock = Lock(proxied, name)
+        workers = [HoldingTask(lock, timeout=10) for _ in range(3)]
+        notifier = state_for(proxied).notifier
+        await until(lambda: notifier.waiting == 3, what="three local waiters")
+        await until(lambda: registered(client, name), what="the head's registration")
+
+        fault_proxy.hold_replies()  # the pub/sub reconnection stalls in its handshake
+        assert await kill_pubsub(client) == 1
+        await fault_proxy.wait_held()
+        assert await subscribers(client, name) == 0
+        holder_id = _owner_id(held)
+        await held.release()  # hands over to the head and announces it to nobody
+        assert await subscribers(client, name) == 0
+        assert await owner_of(client, name) not in (None, holder_id)
+
+        loop = asyncio.get_running_loop()
+        reconnecting = loop.time()
+        fault_proxy.release_replies()
+        await _all_proceed(workers, within=1.0)
+        assert loop.time() - reconnecting < 1.0
+        await settle(proxied)
+        assert not await client.exists(name)
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Holder processes: SIGKILL, and exclusion across processes (S1, S2)
+# --------------------------------------------------------------------------------------------
+
+
+class TestProcesses:
+    async def test_waiter_takes_over_within_lease_after_holder_sigkill(
+        self, client: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        lease_s = 1.0
+        proc = await worker_process(redis_url, name, "--lease", str(lease_s), "hold")
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), 15)
+            assert line.startswith(b"held "), line
+            dead_token = int(line.split()[1])
+            waiter = HoldingTask(Lock(client, name), timeout=10)
+            await until(lambda: registered(client, name), what="the waiter's registration")
+
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            loop = asyncio.get_running_loop()
+            killed_at = loop.time()
+            lease = await waiter.wait_acquired(within=lease_s + 2)
+            took = loop.time() - killed_at
+            assert lease is not None
+            assert took <= lease_s + 1.0, f"took over {took:.2f} s after the SIGKILL"
+            assert lease.fencing_token > dead_token
+            await waiter.end()
+            await settle(client)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.communicate()
+
+    async def test_exclusion_across_processes(self, redis_url: str, name: str) -> None:
+        procs, tasks, rounds = 3, 3, 20
+        workers = [
+            await worker_process(
+                redis_url,
+                name,
+                "--lease",
+                "5",
+                "contend",
+                "--tasks",
+                str(tasks),
+                "--rounds",
+                str(rounds),
+                stdin=asyncio.subprocess.PIPE,
+            )
+            for _ in range(procs)
+        ]
+        try:
+            for proc in workers:
+                assert proc.stdout is not None
+                assert await asyncio.wait_for(proc.stdout.readline(), 15) == b"ready\n"
+            for proc in workers:
+                assert proc.stdin is not None
+                proc.stdin.write(b"go\n")
+                await proc.stdin.drain()
+                proc.stdin.close()
+            outputs = await asyncio.wait_for(
+                asyncio.gather(*(proc.communicate() for proc in workers)), 40
+            )
+        finally:
+            for proc in workers:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.communicate()
+        holds: list[tuple[int, int, int]] = []
+        for proc, (out, _) in zip(workers, outputs, strict=True):
+            lines = out.decode().splitlines()
+            assert proc.returncode == 0 and lines[-1] == "done", out
+            holds += [(int(a), int(b), int(c)) for _, a, b, c in (ln.split() for ln in lines[:-1])]
+        assert len(holds) == procs * tasks * rounds
+        holds.sort()
+        for (_, end, token), (next_start, _, next_token) in itertools.pairwise(holds):
+            assert end < next_start, f"holds overlap: token {token} and token {next_token}"
+            assert token < next_token, f"token {next_token} came after {token}"
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Renewal under faults
+# --------------------------------------------------------------------------------------------
+
+
+class TestRenewal:
+    @pytest.mark.slow
+    async def test_renewal_keeps_lease_through_proxy(
+        self, proxied: aioredis.Redis, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(proxied, name, lease=1.0)
+        await lock.acquire()
+        lease = lock.current_lease
+        assert lease is not None
+        await asyncio.sleep(3.5)  # three and a half leases: only renewal keeps it
+        assert not lease.lost, lease.lost_reason
+        assert await owner_of(client, name) == lease._owner
+        assert await client.pttl(name) > 0
+        assert state_for(proxied).keeper.renewals >= 6
+        await lock.release()
+        assert not await client.exists(name)
+        await settle(proxied)
+
+    @pytest.mark.parametrize(
+        "socket_timeout",
+        [pytest.param(None, id="no-socket-timeout"),
+         pytest.param(0.25, id="socket-timeout")],
+    )  # fmt: skip
+    async def test_blackhole_loses_the_lease(
+        self, fault_proxy: FaultProxy, client: aioredis.Redis, name: str,
+        socket_timeout: float | None,
+    ) -> None:  # fmt: skip
+        conn = aioredis.Redis.from_url(fault_proxy.url, socket_timeout=socket_timeout)
+        try:
+            lost: list[Lease] = []
+            lock = Lock(conn, name, lease=1.0, on_lost=lost.append)
+            await lock.acquire()
+            lease = lock.current_lease
+            assert lease is not None
+            fault_proxy.blackhole()
+            loop = asyncio.get_running_loop()
+            cut_at = loop.time()
+            await asyncio.wait((asyncio.ensure_future(lease.wait_lost()),), timeout=2.0)
+            assert lease.lost, f"not marked lost {loop.time() - cut_at:.2f} s into a blackhole"
+            assert loop.time() - cut_at <= lease.lease + 0.3
+            assert lost == [lease]
+            with pytest.raises(LockLostError):
+                await lock.release()
+            assert await client.exists(name) == 0  # it expired on the server meanwhile
+        finally:
+            fault_proxy.heal()
+            await conn.aclose()
+
+    @pytest.mark.parametrize(
+        "socket_timeout",
+        [pytest.param(None, id="no-socket-timeout"),
+         pytest.param(0.25, id="socket-timeout")],
+    )  # fmt: skip
+    async def test_guarded_block_is_cancelled_when_lost(
+        self, fault_proxy: FaultProxy, name: str, socket_timeout: float | None
+    ) -> None:
+        conn = aioredis.Redis.from_url(fault_proxy.url, socket_timeout=socket_timeout)
+        lock = Lock(conn, name, lease=1.0)
+        reached: list[str] = []
+
+        async def guarded_work() -> None:
+            async with lock.guarded():
+                fault_proxy.blackhole()
+                await asyncio.sleep(30)
+                reached.append("past the loss")
+
+        task = asyncio.create_task(guarded_work())
+        try:
+            await finish(task, 2.5, "guarded block after its lease was lost")
+        finally:
+            fault_proxy.heal()
+            await conn.aclose()
+        with pytest.raises(LockLostError):
+            task.result()
+        assert reached == []
+
+    async def test_renewal_survives_script_flush(self, client: aioredis.Redis, name: str) -> None:
+        lock = Lock(client, name, lease=1.0)
+        await lock.acquire()
+        lease = lock.current_lease
+        assert lease is not None
+        keeper = state_for(client).keeper
+        await client.script_flush()
+        before = keeper.renewals
+        await asyncio.sleep(1.5)  # longer than the lease: only renewals after NOSCRIPT keep it
+        assert not lease.lost, lease.lost_reason
+        assert keeper.renewals > before
+        assert await owner_of(client, name) == lease._owner
+        await lock.release()
+        assert not await client.exists(name)
+        await settle(client)
+
+    async def test_external_delete_is_lost_at_next_tick(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=1.0, on_lost=lost.append)
+        await lock.acquire()
+        lease = lock.current_lease
+        assert lease is not None
+        await client.delete(name)
+        loop = asyncio.get_running_loop()
+        deleted_at = loop.time()
+        await asyncio.wait_for(lease.wait_lost(), timeout=1.0)
+        assert loop.time() - deleted_at <= lease.lease / 3 + 0.15
+        assert "renewal" in lease.lost_reason
+        assert lost == [lease]
+        with pytest.raises(LockLostError):
+            await lock.release()
+        await settle(client)
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Server restart while a task waits
+# --------------------------------------------------------------------------------------------
+
+
+class TestServerRestart:
+    async def test_waiter_acquires_after_restart(
+        self, server_factory: ServerFactory, name: str
+    ) -> None:
+        private = server_factory()
+        inspector = aioredis.Redis.from_url(private.url)
+        holding = aioredis.Redis.from_url(private.url)
+        waiting = aioredis.Redis.from_url(private.url)
+        try:
+            held = Lock(holding, name)
+            await held.acquire()
+            waiter = HoldingTask(Lock(waiting, name), timeout=15)
+            await until(lambda: registered(inspector, name), what="the waiter's registration")
+
+            await asyncio.to_thread(private.restart)  # no persistence: the lock is gone
+            await inspector.connection_pool.disconnect()  # its connection died with the server
+            loop = asyncio.get_running_loop()
+            back_at = loop.time()
+            lease = await waiter.wait_acquired(within=5)
+            assert lease is not None
+            assert loop.time() - back_at < 2.0
+            assert await owner_of(inspector, name) == lease._owner
+            await waiter.end()
+            await settle(waiting)
+        finally:
+            for conn in (waiting, holding, inspector):
+                await conn.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Closing the client
+# --------------------------------------------------------------------------------------------
+
+
+class TestClientClose:
+    async def test_close_while_holding_leaves_no_task(self, redis_url: str, name: str) -> None:
+        baseline = asyncio.all_tasks()
+        conn = aioredis.Redis.from_url(redis_url)
+        lock = Lock(conn, name, lease=2.0)
+        await lock.acquire()
+        lease = lock.current_lease
+        assert lease is not None
+        assert state_for(conn).background_tasks >= 1  # the keeper
+        await conn.aclose()
+        leftover = [t for t in asyncio.all_tasks() - baseline if not t.done()]
+        assert leftover == []
+        assert lease.lost
+        with pytest.raises(LockError):
+            await lock.acquire()
+
+    async def test_close_while_waiting_fails_the_waiter(
+        self, client: aioredis.Redis, holder: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        held = Lock(holder, name)
+        await held.acquire()
+        baseline = asyncio.all_tasks()
+        conn = aioredis.Redis.from_url(redis_url)
+        task = asyncio.create_task(Lock(conn, name).acquire())
+        await until(lambda: registered(client, name), what="the waiter's registration")
+
+        await conn.aclose()
+        await finish(task, 2.0, "waiter after its client was closed")
+        with pytest.raises(LockError):
+            task.result()
+        leftover = [t for t in asyncio.all_tasks() - baseline if not t.done()]
+        assert leftover == []
+
+        await held.release()
+        assert not await client.exists(name), "the lock was handed to a closed client's waiter"

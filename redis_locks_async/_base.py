@@ -376,7 +376,12 @@ class LockBase(ABC):
         cleanup_on_error: bool = True,
     ) -> AcquireReply:
         """One attempt in its own task; if the caller is cancelled (or the attempt fails and
-        ``cleanup_on_error``), ``cleanup`` runs once the attempt's fate is known."""
+        ``cleanup_on_error``), ``cleanup`` runs once the attempt's fate is known.
+
+        The task is not only about ordering (the cleanup cannot overtake the attempt): awaiting
+        redis-py directly, a cancellation that lands as a reply arrives can be swallowed by its
+        internal ``wait_for`` on Python < 3.12, and the caller would never see it.
+        """
         job = asyncio.ensure_future(
             self._attempt(owner, to_ms(self._lease), mode, _REGISTRATION_GRACE_MS)
         )
@@ -595,7 +600,8 @@ class LockBase(ABC):
         try:
             status, count = await self._release_script(lease._owner, "one")
         except (RedisError, OSError) as exc:
-            # The outcome is unknown: stop renewing so the lease ends by itself, and say so.
+            # The outcome is unknown: stop renewing, and drop the hold once Redis answers again
+            # (or let the lease end by itself).
             lease._state = HoldState.RELEASED
             self._forget(state, task, lease)
             state.spawn(self._cleanup_after(_done_future(state.loop), self._abandon(lease._owner)))

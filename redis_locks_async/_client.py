@@ -70,6 +70,11 @@ class ClientState:
         long_lived = (self.keeper.task, self.notifier.listener, asyncio.current_task())
         return [task for task in self._tasks if task not in long_lived]
 
+    @property
+    def pending_cleanups(self) -> int:
+        """How many cleanups, releases and unsubscriptions are still running."""
+        return len(self._cleanups())
+
     async def drain(self, timeout: float = 5.0) -> None:
         """Wait for pending cleanups and releases (not the keeper or the listener)."""
         pending = self._cleanups()

@@ -16,7 +16,8 @@ so 10,000 waiting tasks cost one connection and no commands. The head then sleep
 * its sleep bound — the holder's remaining lease — ran out (expiry publishes nothing): it
   re-checks.
 
-Channels are reference-counted by their queues: the last waiter to leave unsubscribes. The
+Channels are reference-counted by their queues: the last waiter to leave unsubscribes, after
+a short linger (so a lock contended again soon costs no SUBSCRIBE/UNSUBSCRIBE per wait). The
 listener task exists only while some channel is subscribed.
 """
 
@@ -37,6 +38,7 @@ from ._errors import LockError
 logger = logging.getLogger("redis_locks_async")
 
 _RECONNECT_BACKOFF = (0.05, 0.1, 0.2, 0.4)
+_LINGER = 2.0  # seconds a channel stays subscribed after its last local waiter left
 
 
 @final
@@ -81,12 +83,13 @@ class Waiter:
 
 @final
 class _Channel:
-    __slots__ = ("by_owner", "confirmed", "queue")
+    __slots__ = ("by_owner", "confirmed", "linger", "queue")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.queue: deque[Waiter] = deque()
         self.by_owner: dict[str, Waiter] = {}
         self.confirmed: asyncio.Future[None] | None = None  # set once subscription is asked
+        self.linger: asyncio.TimerHandle | None = None  # unsubscribes when nobody came back
 
     def recheck(self) -> None:
         if self.queue:
@@ -113,6 +116,7 @@ class Notifier:
         self._listener: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
         self._emptied: asyncio.Future[None] | None = None
+        self._closing = False
         self.reconnects = 0
 
     @property
@@ -133,6 +137,9 @@ class Notifier:
         entry = self._channels.get(channel)
         if entry is None:
             entry = self._channels[channel] = _Channel(waiter._loop)
+        elif entry.linger is not None:
+            entry.linger.cancel()
+            entry.linger = None
         entry.queue.append(waiter)
         if len(entry.queue) == 1:
             waiter.turn.set_result(None)
@@ -183,11 +190,26 @@ class Notifier:
             if was_head:
                 entry.queue[0].turn.set_result(None)
             return
+        if entry.confirmed is not None and not self._closing:
+            # Keep the subscription a moment: a lock that is contended again soon (the common
+            # case) then costs no SUBSCRIBE/UNSUBSCRIBE round trips per wait.
+            entry.linger = waiter._loop.call_later(_LINGER, self._expire, channel, entry)
+        else:
+            self._drop(channel, entry)
+        if self._emptied is not None and not self._emptied.done() and not self.waiting:
+            self._emptied.set_result(None)
+
+    def _expire(self, channel: str, entry: _Channel) -> None:
+        if self._channels.get(channel) is entry and not entry.queue:
+            self._drop(channel, entry)
+
+    def _drop(self, channel: str, entry: _Channel) -> None:
         del self._channels[channel]
+        if entry.linger is not None:
+            entry.linger.cancel()
+            entry.linger = None
         if entry.confirmed is not None:
             self._spawn(self._unsubscribe(channel))
-        if not self._channels and self._emptied is not None and not self._emptied.done():
-            self._emptied.set_result(None)
 
     async def _subscribe(self, channel: str) -> None:
         async with self._send_lock:
@@ -267,7 +289,7 @@ class Notifier:
 
     async def wait_empty(self, timeout: float) -> None:
         """Return once no waiter is queued, or after ``timeout`` seconds."""
-        if self._channels:
+        if self.waiting:
             self._emptied = asyncio.get_running_loop().create_future()
             await asyncio.wait((self._emptied,), timeout=timeout)
 
@@ -278,6 +300,10 @@ class Notifier:
 
     async def aclose(self) -> None:
         """Stop listening and close the pub/sub connection."""
+        self._closing = True
+        for entry in self._channels.values():
+            if entry.linger is not None:
+                entry.linger.cancel()
         listener, self._listener = self._listener, None
         self.wake_all()
         if listener is not None:

@@ -8,13 +8,16 @@ script); the reply "not held" means the lease is lost. A transient error (connec
 timeout) is retried with a short back-off until the lease's local expiry passes; then the lease
 is lost. Leases without auto-renewal are tracked too, only to be marked lost when they expire.
 
-The keeper's task exists only while some lease is tracked, and dies with the client.
+The keeper's task exists while some lease is tracked (and lingers a few seconds after the
+last one, so a client that keeps acquiring does not start a task per acquisition); it dies
+with the client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any, final
 
@@ -26,6 +29,12 @@ from ._lease import HoldState, Lease
 logger = logging.getLogger("redis_locks_async")
 
 _RETRY_DELAY = 0.1
+_IDLE_LINGER = 10.0  # seconds the keeper task outlives its last lease
+
+
+def _due_at(lease: Lease) -> float:
+    """When the keeper must look at ``lease`` (renewal, or expiry without auto-renewal)."""
+    return lease._renew_at - lease.lease / 6 if lease.auto_renew else lease._expires_at
 
 
 @final
@@ -42,6 +51,7 @@ class LeaseKeeper:
         self._leases: set[Lease] = set()
         self._task: asyncio.Task[None] | None = None
         self._kick: asyncio.Future[None] | None = None
+        self._wake_at: float | None = None  # when the sleeping keeper wakes by itself
         self.renewal_round_trips = 0
         self.renewals = 0
 
@@ -58,36 +68,42 @@ class LeaseKeeper:
         self._leases.add(lease)
         if self._task is None or self._task.done():
             self._task = self._spawn(self._run())
-        elif self._kick is not None and not self._kick.done():
-            self._kick.set_result(None)
+        elif self._wake_at is not None and _due_at(lease) < self._wake_at:
+            self._wake()
 
     def discard(self, lease: Lease) -> None:
         """Stop keeping ``lease`` (released or given up)."""
         self._leases.discard(lease)
-        if not self._leases and self._kick is not None and not self._kick.done():
-            self._kick.set_result(None)  # nothing left to keep: let the task end now
+
+    def _wake(self) -> None:
+        if self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._leases:
+        while True:
+            if not self._leases:
+                # Linger a while before exiting: a client that acquires again soon (the common
+                # case) does not pay for a new task on every acquisition.
+                self._kick = loop.create_future()
+                self._wake_at = math.inf  # any new lease wakes the keeper at once
+                await asyncio.wait((self._kick,), timeout=_IDLE_LINGER)
+                if not self._leases:
+                    self._task = None
+                    self._wake_at = None
+                    return
             now = loop.time()
             due: list[Lease] = []
             expired: list[Lease] = []
             next_at = None
             for lease in self._leases:
-                if not lease.auto_renew:
-                    if lease._expires_at <= now:
-                        expired.append(lease)
-                    else:
-                        next_at = (
-                            lease._expires_at
-                            if next_at is None
-                            else min(next_at, lease._expires_at)
-                        )
-                elif lease._renew_at <= now + lease.lease / 6:
+                due_at = _due_at(lease)
+                if due_at > now:
+                    next_at = due_at if next_at is None else min(next_at, due_at)
+                elif lease.auto_renew:
                     due.append(lease)
                 else:
-                    next_at = lease._renew_at if next_at is None else min(next_at, lease._renew_at)
+                    expired.append(lease)
             for lease in expired:
                 self._leases.discard(lease)
                 lease._mark_lost("the lease expired (auto_renew=False)")
@@ -97,7 +113,9 @@ class LeaseKeeper:
             if next_at is None:
                 continue
             self._kick = loop.create_future()
+            self._wake_at = next_at
             await asyncio.wait((self._kick,), timeout=max(0.0, next_at - now))
+            self._wake_at = None
 
     async def _renew(self, due: list[Lease]) -> None:
         loop = asyncio.get_running_loop()
@@ -143,7 +161,8 @@ class LeaseKeeper:
             lease._mark_lost(f"renewal failed until the lease ended: {exc}")
             return
         logger.info("renewing %r failed (%s); retrying", lease.name, exc)
-        lease._renew_at = now + min(_RETRY_DELAY, (lease._expires_at - now) / 4) - lease.lease / 6
+        # due again (see _due_at) after a short back-off, well before the lease ends
+        lease._renew_at = now + min(_RETRY_DELAY, (lease._expires_at - now) / 4) + lease.lease / 6
 
     async def aclose(self) -> None:
         """Stop renewing (the leases then end on the server by themselves)."""

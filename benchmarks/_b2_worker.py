@@ -1,0 +1,400 @@
+"""B2 worker process: one side of a cross-process ping-pong over one lock.
+
+Two of these run at once (``spawn`` start method). Handoff ``i`` goes from worker ``i % 2`` to
+worker ``1 - i % 2``: the holder sleeps a hold time, reads the clock (``t0``) as the last thing
+before releasing, and releases; the waiter, already blocked in acquire, reads the clock (``t1``)
+as the first thing after its acquire returns. Only then does it tell the former holder "got
+``i``" over a pipe between the two workers, and the former holder calls acquire again while the
+new holder sleeps through its hold time — so it is waiting when the next handoff comes, and it
+never re-takes a lock it just released before the waiter got it (a non-fair lock would let it
+barge in). That note travels after the measurement, never on the critical path; the timestamps
+go to the parent after the run. ``time.monotonic_ns`` is CLOCK_MONOTONIC on Linux, one clock
+for every process of the machine (the parent checks this before trusting cross-process
+differences).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import time
+import traceback
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Protocol
+from urllib.parse import urlparse
+
+import redis
+import redis.asyncio as aioredis
+
+HOLDING = "holding"
+READY = "ready"
+GO = "go"
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """One ping-pong run, as sent to each of the two workers."""
+
+    peer: str
+    url: str
+    name: str
+    role: int
+    handoffs: int
+    hold_base_s: float
+    hold_jitter_s: float
+    seed: int
+    acquire_timeout_s: float
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one worker saw: ``released[i] = t0``, ``received[i] = (t_call, t1, token)``."""
+
+    role: int
+    released: dict[int, int] = field(default_factory=dict)
+    received: dict[int, tuple[int, int, int | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunError:
+    """A run failed in this worker."""
+
+    role: int
+    error: str
+
+
+# -- peers -----------------------------------------------------------------------------------
+
+
+class AsyncPeer(Protocol):
+    def hold(self) -> AbstractAsyncContextManager[int | None]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class SyncPeer(Protocol):
+    def hold(self) -> AbstractContextManager[int | None]: ...
+
+    def close(self) -> None: ...
+
+
+class _Ours:
+    def __init__(self, spec: RunSpec) -> None:
+        from redis_locks_async import Lock
+
+        self._client = aioredis.Redis.from_url(spec.url)
+        self._lock = Lock(self._client, spec.name, lease=30.0, timeout=spec.acquire_timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[int | None]:
+        async with self._lock as lease:
+            yield lease.fencing_token
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _RedisPy:
+    def __init__(self, spec: RunSpec, sleep: float) -> None:
+        from redis.asyncio.lock import Lock as RedisPyLock
+
+        self._client = aioredis.Redis.from_url(spec.url)
+        self._lock = RedisPyLock(
+            self._client,
+            spec.name,
+            timeout=30.0,
+            sleep=sleep,
+            blocking_timeout=spec.acquire_timeout_s,
+        )
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[int | None]:
+        if not await self._lock.acquire():
+            raise TimeoutError("redis-py Lock.acquire timed out")
+        try:
+            yield None
+        finally:
+            await self._lock.release()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _Pottery:
+    def __init__(self, spec: RunSpec) -> None:
+        from pottery import AIORedlock
+
+        self._client = aioredis.Redis.from_url(spec.url)
+        self._timeout = spec.acquire_timeout_s
+        self._lock = AIORedlock(key=spec.name, masters={self._client}, auto_release_time=30.0)
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[int | None]:
+        if not await self._lock.acquire(timeout=self._timeout):
+            raise TimeoutError("pottery AIORedlock.acquire timed out")
+        try:
+            yield None
+        finally:
+            await self._lock.release()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _Aioredlock:
+    def __init__(self, spec: RunSpec) -> None:
+        from aioredlock import Aioredlock  # type: ignore[import-untyped]
+
+        parts = urlparse(spec.url)
+        # Its lock() retries with random 0.1-0.3 s sleeps: enough retries to cover the timeout.
+        retries = max(3, math.ceil(spec.acquire_timeout_s / 0.1))
+        self._manager = Aioredlock(
+            [{"host": parts.hostname, "port": parts.port}], retry_count=retries
+        )
+        self._name = spec.name
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[int | None]:
+        lock = await self._manager.lock(self._name, lock_timeout=30)
+        try:
+            yield None
+        finally:
+            await self._manager.unlock(lock)
+
+    async def aclose(self) -> None:
+        await self._manager.destroy()
+
+
+class _Floor:
+    """The one-hop floor: a bare token passed with RPUSH, waited for with BLPOP."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self._client = aioredis.Redis.from_url(spec.url)
+        self._mine = f"{spec.name}:to:{spec.role}"
+        self._theirs = f"{spec.name}:to:{1 - spec.role}"
+        self._timeout = spec.acquire_timeout_s
+        self._seed = spec.role == 0
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[int | None]:
+        if self._seed:  # worker 0 starts as the holder: put the token in its own list
+            self._seed = False
+            await self._client.rpush(self._mine, "token")
+        got = await self._client.blpop([self._mine], timeout=self._timeout)
+        if got is None:
+            raise TimeoutError("BLPOP timed out")
+        yield None
+        await self._client.rpush(self._theirs, "token")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _PubSubHop:
+    """A second reference: the token travels as a PUBLISH to a channel the other side reads
+    with ``PubSub.get_message`` (the transport our ``Lock`` wakes waiters with)."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self._client = aioredis.Redis.from_url(spec.url)
+        self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        self._mine = f"{spec.name}:ch:{spec.role}"
+        self._theirs = f"{spec.name}:ch:{1 - spec.role}"
+        self._seed = spec.role == 0
+        self._subscribed = False
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[int | None]:
+        if not self._subscribed:
+            await self._pubsub.subscribe(self._mine)
+            self._subscribed = True
+        if self._seed:  # worker 0 starts as the holder
+            self._seed = False
+        else:
+            while True:  # bounded by the parent, which stops a run that overstays its budget
+                message = await self._pubsub.get_message(timeout=None)
+                if message is not None and message.get("type") == "message":
+                    break
+        yield None
+        await self._client.publish(self._theirs, "token")
+
+    async def aclose(self) -> None:
+        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        await self._client.aclose()
+
+
+class _PythonRedisLock:
+    def __init__(self, spec: RunSpec) -> None:
+        import redis_lock  # type: ignore[import-untyped]
+
+        self._client = redis.Redis.from_url(spec.url)
+        self._lock = redis_lock.Lock(self._client, spec.name, expire=60)
+        self._timeout = min(spec.acquire_timeout_s, 59.0)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[int | None]:
+        if not self._lock.acquire(timeout=self._timeout):
+            raise TimeoutError("python-redis-lock acquire timed out")
+        try:
+            yield None
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _async_peer(spec: RunSpec) -> AsyncPeer:
+    if spec.peer == "floor":
+        return _Floor(spec)
+    if spec.peer == "pubsub-hop":
+        return _PubSubHop(spec)
+    if spec.peer == "redis-locks-async":
+        return _Ours(spec)
+    if spec.peer == "redis-py":
+        return _RedisPy(spec, sleep=0.1)
+    if spec.peer == "redis-py/sleep=0.001":
+        return _RedisPy(spec, sleep=0.001)
+    if spec.peer == "pottery":
+        return _Pottery(spec)
+    if spec.peer == "aioredlock":
+        return _Aioredlock(spec)
+    raise ValueError(f"unknown asyncio peer {spec.peer!r}")
+
+
+SYNC_PEERS = frozenset({"python-redis-lock"})
+
+
+# -- the ping-pong ---------------------------------------------------------------------------
+
+
+def _hold_time(spec: RunSpec, rng: random.Random) -> float:
+    return spec.hold_base_s + rng.uniform(0.0, spec.hold_jitter_s)
+
+
+async def _recv(conn: Connection, timeout: float) -> object:
+    """Receive from ``conn`` without blocking the event loop (and without polling it)."""
+    if not conn.poll():
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(conn.fileno(), ready)
+        try:
+            await asyncio.wait_for(readable, timeout)
+        finally:
+            loop.remove_reader(conn.fileno())
+    return conn.recv()
+
+
+def _expect(message: object, wanted: object) -> None:
+    if message != wanted:
+        raise RuntimeError(f"protocol: expected {wanted!r}, got {message!r}")
+
+
+async def _play_async(spec: RunSpec, conn: Connection, other: Connection) -> RunResult:
+    peer = _async_peer(spec)
+    result = RunResult(spec.role)
+    rng = random.Random(spec.seed * 2 + spec.role)
+    clock = time.monotonic_ns
+    wait = spec.acquire_timeout_s + 30.0
+    try:
+        received = spec.role - 1  # the handoff this block receives (-1: worker 0's first hold)
+        while received < spec.handoffs:
+            if received == 0:
+                conn.send(READY)
+            t_call = clock()
+            async with peer.hold() as token:
+                t1 = clock()
+                if received >= 0:
+                    result.received[received] = (t_call, t1, token)
+                    other.send(("got", received))
+                else:
+                    conn.send(HOLDING)
+                    _expect(await _recv(conn, 60.0), GO)
+                released = received + 1
+                if released < spec.handoffs:
+                    await asyncio.sleep(_hold_time(spec, rng))
+                    result.released[released] = clock()
+            if released < spec.handoffs:
+                _expect(await _recv(other, wait), ("got", released))
+            received += 2
+    finally:
+        await peer.aclose()
+    return result
+
+
+def _play_sync(spec: RunSpec, conn: Connection, other: Connection) -> RunResult:
+    peer: SyncPeer = _PythonRedisLock(spec)
+    result = RunResult(spec.role)
+    rng = random.Random(spec.seed * 2 + spec.role)
+    clock = time.monotonic_ns
+    wait = spec.acquire_timeout_s + 30.0
+
+    def recv(source: Connection, timeout: float) -> object:
+        if not source.poll(timeout):
+            raise TimeoutError("no message within the time limit")
+        return source.recv()
+
+    try:
+        received = spec.role - 1
+        while received < spec.handoffs:
+            if received == 0:
+                conn.send(READY)
+            t_call = clock()
+            with peer.hold() as token:
+                t1 = clock()
+                if received >= 0:
+                    result.received[received] = (t_call, t1, token)
+                    other.send(("got", received))
+                else:
+                    conn.send(HOLDING)
+                    _expect(recv(conn, 60.0), GO)
+                released = received + 1
+                if released < spec.handoffs:
+                    time.sleep(_hold_time(spec, rng))
+                    result.released[released] = clock()
+            if released < spec.handoffs:
+                _expect(recv(other, wait), ("got", released))
+            received += 2
+    finally:
+        peer.close()
+    return result
+
+
+def worker_main(conn: Connection, other: Connection) -> None:
+    """Serve the parent over ``conn``: ``"clock"`` → ``monotonic_ns()``, a :class:`RunSpec` →
+    a run's result, ``"exit"`` (or a closed pipe) → return. ``other`` leads to the other worker.
+    """
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            return
+        if message == "clock":
+            conn.send(time.monotonic_ns())
+        elif message == "exit":
+            return
+        elif isinstance(message, RunSpec):
+            outcome: RunResult | RunError
+            try:
+                if message.peer in SYNC_PEERS:
+                    outcome = _play_sync(message, conn, other)
+                else:
+                    outcome = asyncio.run(_play_async(message, conn, other))
+            except KeyboardInterrupt:  # Ctrl-C reaches the whole process group
+                return
+            except Exception as exc:
+                detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                outcome = RunError(message.role, detail)
+            try:
+                conn.send(outcome)
+            except (EOFError, OSError):
+                return

@@ -1,0 +1,449 @@
+"""B2 — cross-process handoff latency to a task already waiting, against the one-hop floor.
+
+Two worker processes (``spawn``) play ping-pong with one lock (see ``_b2_worker``): the latency of
+handoff ``i`` is ``t1 - t0``, from the moment the holder starts its release to the moment the
+waiter's acquire returns, both read from CLOCK_MONOTONIC (checked here to be one clock across
+processes). The **one-hop floor** is the same ping-pong where the "lock" is a bare token pushed
+with ``RPUSH`` to a list the other side is already blocked on with ``BLPOP`` — the least a
+handoff through the server can cost on this machine. Every peer is reported as median and p99
+and as a ratio to the floor's median and p99.
+
+Hold times: the holder keeps the lock 10 ms (so the other side is surely waiting again) plus a
+random jitter as long as the peer's polling period, so a polling waiter's phase is uniformly
+random, as it would be in real use, instead of locked to the hold time; event-driven peers get
+2 ms of jitter. A sample whose waiter had not yet called acquire when the release began is not a
+handoff to a waiting task: it is counted as "late" and left out. The fast peers (floor, ours,
+python-redis-lock, redis-py with a 1 ms poll) run interleaved in rounds so that slow drift of a
+noisy machine hits them alike; the slow pollers run once each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnProcess
+from typing import Any
+
+import redis
+
+from ._b2_worker import GO, HOLDING, READY, RunError, RunResult, RunSpec, worker_main
+from ._console import Log
+from ._peers import available
+from ._stats import command_delta, ratio, summarize_ns
+
+TARGET = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One peer as B2 runs it."""
+
+    key: str
+    label: str
+    jitter_s: float
+    slow: bool
+    requires: str
+    note: str = ""
+
+
+PLANS = (
+    Plan(
+        "floor",
+        "one-hop floor (RPUSH → BLPOP)",
+        0.002,
+        False,
+        "",
+        "redis.asyncio in both processes",
+    ),
+    Plan(
+        "pubsub-hop",
+        "pub/sub hop (PUBLISH → subscriber)",
+        0.002,
+        False,
+        "",
+        "reference: the transport Lock wakes waiters with",
+    ),
+    Plan(
+        "redis-locks-async",
+        "redis-locks-async Lock",
+        0.002,
+        False,
+        "redis-locks-async",
+        "pub/sub wake-up, direct handover",
+    ),
+    Plan(
+        "python-redis-lock",
+        "python-redis-lock (sync)",
+        0.002,
+        False,
+        "python-redis-lock",
+        "sync client, waits in BLPOP",
+    ),
+    Plan(
+        "redis-py/sleep=0.001",
+        "redis-py asyncio Lock (sleep=0.001)",
+        0.002,
+        False,
+        "redis-py",
+        "polls every 1 ms",
+    ),
+    Plan(
+        "redis-py",
+        "redis-py asyncio Lock (default sleep=0.1)",
+        0.1,
+        True,
+        "redis-py",
+        "polls every 100 ms",
+    ),
+    Plan(
+        "pottery",
+        "pottery AIORedlock (1 master)",
+        0.2,
+        True,
+        "pottery",
+        "retries after uniform(0, 0.2) s",
+    ),
+    Plan(
+        "aioredlock",
+        "aioredlock (1 instance)",
+        0.3,
+        True,
+        "aioredlock",
+        "retries after uniform(0.1, 0.3) s",
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class B2Config:
+    """How much to measure."""
+
+    fast_handoffs: int
+    slow_handoffs: int
+    fast_rounds: int
+    warmup_fast: int
+    warmup_slow: int
+    hold_base_s: float
+    acquire_timeout_s: float
+
+
+FULL = B2Config(300, 300, 3, 6, 2, 0.010, 30.0)
+QUICK = B2Config(40, 10, 2, 4, 1, 0.010, 10.0)
+
+
+class WorkerError(RuntimeError):
+    """A worker reported an error, died, or did not answer in time."""
+
+
+class _Pair:
+    """Two ping-pong worker processes and the parent's ends of their pipes."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conns: list[Connection] = []
+        self.procs: list[SpawnProcess] = []
+        between = ctx.Pipe()
+        for index in range(2):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(
+                target=worker_main,
+                args=(child_end, between[index]),
+                daemon=True,
+                name=f"b2-worker-{index}",
+            )
+            proc.start()
+            child_end.close()
+            between[index].close()
+            self.conns.append(parent_end)
+            self.procs.append(proc)
+
+    def send(self, index: int, message: object) -> None:
+        try:
+            self.conns[index].send(message)
+        except (OSError, EOFError) as exc:
+            raise WorkerError(f"worker {index} is gone: {exc!r}") from exc
+
+    def receive(self, index: int, timeout: float) -> object:
+        conn = self.conns[index]
+        try:
+            if not conn.poll(timeout):
+                raise WorkerError(f"worker {index} did not answer within {timeout:.0f} s")
+            message: object = conn.recv()
+        except (OSError, EOFError) as exc:
+            raise WorkerError(f"worker {index} died: {exc!r}") from exc
+        if isinstance(message, RunError):
+            raise WorkerError(f"worker {index}: {message.error}")
+        return message
+
+    def clock_check(self, exchanges: int = 20) -> dict[str, Any]:
+        """Ask each worker for ``monotonic_ns()`` between two parent readings: with one shared
+        clock every answer falls inside its bracket."""
+        inside = 0
+        widest = 0
+        for index in range(2):
+            for _ in range(exchanges):
+                before = time.monotonic_ns()
+                self.send(index, "clock")
+                theirs = self.receive(index, 30.0)
+                after = time.monotonic_ns()
+                if isinstance(theirs, int) and before <= theirs <= after:
+                    inside += 1
+                widest = max(widest, after - before)
+        return {
+            "exchanges": 2 * exchanges,
+            "inside_bracket": inside,
+            "shared": inside == 2 * exchanges,
+            "widest_bracket_us": round(widest / 1000, 1),
+        }
+
+    def close(self) -> None:
+        for index in range(2):
+            with contextlib.suppress(OSError, EOFError):
+                self.conns[index].send("exit")
+        for proc in self.procs:
+            proc.join(timeout=3)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=3)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=3)
+        for conn in self.conns:
+            conn.close()
+
+
+@dataclass(slots=True)
+class _Tally:
+    plan: Plan
+    latencies_ns: list[int] = field(default_factory=list)
+    handoffs: int = 0
+    late: int = 0
+    violations: int = 0
+    tokens_monotonic: bool = True
+    commands: dict[str, int] = field(default_factory=dict)
+    commands_handoffs: int = 0
+    error: str = ""
+
+
+def _commandstats(client: redis.Redis) -> dict[str, Any]:
+    reply: dict[str, Any] = client.info("commandstats")
+    return reply
+
+
+def _run_once(
+    pair: _Pair,
+    tally: _Tally,
+    url: str,
+    name: str,
+    handoffs: int,
+    warmup: int,
+    config: B2Config,
+    seed: int,
+    observer: redis.Redis,
+) -> None:
+    plan = tally.plan
+    total = warmup + handoffs
+    specs = [
+        RunSpec(
+            plan.key,
+            url,
+            name,
+            role,
+            total,
+            config.hold_base_s,
+            plan.jitter_s,
+            seed,
+            config.acquire_timeout_s,
+        )
+        for role in (0, 1)
+    ]
+    before = _commandstats(observer)
+    pair.send(0, specs[0])
+    if pair.receive(0, 60.0) != HOLDING:
+        raise WorkerError("worker 0 did not report holding the lock")
+    pair.send(1, specs[1])
+    if pair.receive(1, 60.0) != READY:
+        raise WorkerError("worker 1 did not report ready")
+    pair.send(0, GO)
+    poll = plan.jitter_s if plan.slow else 0.0
+    budget = 60.0 + total * (config.hold_base_s + plan.jitter_s + 3 * poll + 0.05)
+    deadline = time.monotonic() + budget
+    results: list[RunResult] = []
+    for index in (0, 1):
+        message = pair.receive(index, max(1.0, deadline - time.monotonic()))
+        if not isinstance(message, RunResult):
+            raise WorkerError(f"worker {index} sent {message!r}")
+        results.append(message)
+    after = _commandstats(observer)
+    for command, calls in command_delta(before, after).items():
+        if command != "info":
+            tally.commands[command] = tally.commands.get(command, 0) + calls
+    tally.commands_handoffs += total
+    last_token: int | None = None
+    for i in range(total):
+        t0 = results[i % 2].released[i]
+        t_call, t1, token = results[1 - i % 2].received[i]
+        if token is not None:
+            if last_token is not None and token <= last_token:
+                tally.tokens_monotonic = False
+            last_token = token
+        if t1 <= t0:
+            tally.violations += 1
+            continue
+        if i < warmup:
+            continue
+        tally.handoffs += 1
+        if t_call > t0:
+            tally.late += 1
+            continue
+        tally.latencies_ns.append(t1 - t0)
+
+
+def _row(tally: _Tally, floor: dict[str, float] | None) -> dict[str, Any]:
+    plan = tally.plan
+    row: dict[str, Any] = {
+        "key": plan.key,
+        "label": plan.label,
+        "note": plan.note,
+        "hold_jitter_ms": plan.jitter_s * 1000,
+    }
+    if tally.error:
+        row["error"] = tally.error
+    if not tally.latencies_ns:
+        row.setdefault("error", "no samples")
+        return row
+    summary = summarize_ns(tally.latencies_ns)
+    per_handoff = sum(tally.commands.values()) / max(1, tally.commands_handoffs)
+    row.update(
+        summary=summary.as_dict(),
+        handoffs=tally.handoffs,
+        late=tally.late,
+        exclusion_violations=tally.violations,
+        commands_per_handoff=round(per_handoff, 2),
+        commands_by_type={
+            cmd: round(calls / max(1, tally.commands_handoffs), 2)
+            for cmd, calls in sorted(tally.commands.items())
+        },
+    )
+    if plan.key == "redis-locks-async":
+        row["fencing_tokens_increase"] = tally.tokens_monotonic
+    if floor is not None:
+        row["ratio_median"] = ratio(summary.median_us, floor["median_us"])
+        row["ratio_p99"] = ratio(summary.p99_us, floor["p99_us"])
+    return row
+
+
+def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
+    """Run B2 and return its JSON-ready result."""
+    config = QUICK if quick else FULL
+    plans = [p for p in PLANS if not p.requires or available(p.requires)]
+    skipped = {p.key: "not available" for p in PLANS if p not in plans}
+    tallies = {plan.key: _Tally(plan) for plan in plans}
+    observer = redis.Redis.from_url(url)
+    log(f"B2: starting 2 worker processes ({', '.join(p.key for p in plans)})")
+    pair = _Pair()
+    clock: dict[str, Any] = {}
+    seed = 0
+    try:
+        clock = pair.clock_check()
+        if not clock["shared"]:
+            log(
+                "B2: CLOCK_MONOTONIC does not look shared between processes — "
+                "latencies are suspect",
+                style="bold red",
+            )
+
+        def attempt(tally: _Tally, handoffs: int, warmup: int, tag: str) -> None:
+            nonlocal pair, seed
+            if tally.error:
+                return
+            seed += 1
+            started = time.monotonic()
+            try:
+                _run_once(
+                    pair,
+                    tally,
+                    url,
+                    f"{prefix}b2:{tally.plan.key}:{tag}",
+                    handoffs,
+                    warmup,
+                    config,
+                    seed,
+                    observer,
+                )
+            except WorkerError as exc:
+                tally.error = str(exc)
+                log(f"B2: {tally.plan.label}: {exc}", style="red")
+                pair.close()
+                pair = _Pair()
+                return
+            log(
+                f"B2: {tally.plan.label}: {handoffs} handoffs in {time.monotonic() - started:.1f} s"
+            )
+
+        fast = [tallies[p.key] for p in plans if not p.slow]
+        slow = [tallies[p.key] for p in plans if p.slow]
+        per_round = max(1, config.fast_handoffs // config.fast_rounds)
+        for round_index in range(config.fast_rounds):
+            for tally in fast:
+                attempt(tally, per_round, config.warmup_fast, f"r{round_index}")
+        for tally in slow:
+            expected = config.slow_handoffs * (config.hold_base_s + tally.plan.jitter_s * 1.5)
+            log(
+                f"B2: {tally.plan.label}: {config.slow_handoffs} handoffs (about {expected:.0f} s)…"
+            )
+            attempt(tally, config.slow_handoffs, config.warmup_slow, "slow")
+    finally:
+        pair.close()
+        observer.close()
+
+    floor_row = _row(tallies["floor"], None)
+    floor_ref = floor_row.get("summary")
+    rows = [_row(tally, floor_ref) for tally in tallies.values()]
+    for row in rows:
+        if "summary" in row:
+            log(
+                f"B2: {row['label']:<44} median {row['summary']['median_us'] / 1000:8.3f} ms  "
+                f"p99 {row['summary']['p99_us'] / 1000:8.3f} ms  "
+                f"= {row.get('ratio_median')} / {row.get('ratio_p99')} x floor"
+            )
+    ours = next((r for r in rows if r["key"] == "redis-locks-async"), {})
+    met_median = ours.get("ratio_median") is not None and ours["ratio_median"] <= TARGET
+    met_p99 = ours.get("ratio_p99") is not None and ours["ratio_p99"] <= TARGET
+    fatal = [
+        r["label"] + ": " + str(r.get("error"))
+        for r in rows
+        if r["key"] in ("floor", "redis-locks-async") and "error" in r
+    ]
+    fatal += [
+        f"{r['label']}: {r['exclusion_violations']} handoffs acquired before the release began"
+        for r in rows
+        if r["key"] == "redis-locks-async" and r.get("exclusion_violations")
+    ]
+    if ours and ours.get("fencing_tokens_increase") is False:
+        fatal.append("redis-locks-async: fencing tokens did not increase on every handoff")
+    return {
+        "scenario": "B2",
+        "title": "Cross-process handoff to a waiting task",
+        "config": {
+            "fast_handoffs": config.fast_handoffs,
+            "slow_handoffs": config.slow_handoffs,
+            "fast_rounds": config.fast_rounds,
+            "hold_base_ms": config.hold_base_s * 1000,
+        },
+        "clock_check": clock,
+        "reference": "one-hop floor (RPUSH/BLPOP ping-pong), same run",
+        "rows": rows,
+        "skipped": skipped,
+        "target": {
+            "text": f"Lock ≤ {TARGET} x floor (median and p99)",
+            "limit": TARGET,
+            "value": [ours.get("ratio_median"), ours.get("ratio_p99")],
+            "met": met_median and met_p99,
+        },
+        "failed": bool(fatal),
+        "failures": fatal,
+    }

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 import logging
 import secrets
 from abc import ABC, abstractmethod
@@ -34,7 +35,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import MaxConnectionsError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._client import ClientState, state_for
@@ -54,6 +55,7 @@ logger = logging.getLogger("redis_locks_async")
 
 _REGISTRATION_GRACE_MS: Final = 2000
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
+_POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
 
 
 class _Unset(enum.Enum):
@@ -393,7 +395,7 @@ class LockBase(ABC):
         except RedisError as exc:
             # A script error leaves no partial writes (each script fails before it writes);
             # a lost connection may have delivered the command, so clean up after it.
-            if cleanup_on_error and _transient(exc):
+            if cleanup_on_error and _transient(exc) and not isinstance(exc, MaxConnectionsError):
                 state.spawn(self._cleanup_after(job, cleanup))
             await raise_translated(self._redis, self._keys.script_keys, self._name, "acquire", exc)
         if reply.status == -2:
@@ -452,7 +454,7 @@ class LockBase(ABC):
             if not state.notifier.subscribed(channel):
                 # nobody here waits for this lock: one plain attempt first (the fast path)
                 started = loop.time()
-                reply = await self._run_attempt(state, owner, "try", self._abandon(owner))
+                reply = await self._first_attempt(state, owner, deadline)
                 if reply.acquired:
                     self._hold(state, task, owner, reply.token, reply.count, started + self._lease)
                     return True
@@ -502,6 +504,25 @@ class LockBase(ABC):
             raise
         finally:
             state.notifier.leave(channel, waiter)
+
+    async def _first_attempt(
+        self, state: ClientState, owner: str, deadline: float | None
+    ) -> AcquireReply:
+        """The plain first attempt of a waiting acquire. An exhausted connection pool (a burst
+        of acquisitions on a ``ConnectionPool`` capped at ``max_connections``) is back-pressure,
+        not a failure: the caller is willing to wait, so it backs off and tries again."""
+        loop = asyncio.get_running_loop()
+        for delay in itertools.chain(_POOL_BACKOFF, itertools.repeat(_POOL_BACKOFF[-1])):
+            try:
+                return await self._run_attempt(state, owner, "try", self._abandon(owner))
+            except LockError as exc:
+                if not isinstance(exc.__cause__, MaxConnectionsError):
+                    raise
+                if _left(deadline, loop) == 0:
+                    raise
+                logger.info("connection pool exhausted acquiring %r; retrying", self._name)
+                await asyncio.sleep(_bounded(delay, deadline, loop))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _check_open(self, state: ClientState) -> None:
         if state.closed:
@@ -593,12 +614,24 @@ class LockBase(ABC):
             lease._task.remove_done_callback(lease._done_callback)
             lease._done_callback = None
 
+    async def _release_with_backoff(self, lease: Lease) -> tuple[int, int]:
+        """Run the release script, waiting out an exhausted connection pool while the lease
+        lasts (the command was never sent, so retrying is safe)."""
+        for delay in itertools.chain(_POOL_BACKOFF, itertools.repeat(_POOL_BACKOFF[-1])):
+            try:
+                return await self._release_script(lease._owner, "one")
+            except MaxConnectionsError:
+                if lease._expires_at <= lease._loop.time():
+                    raise
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def _release_core(
         self, state: ClientState, task: asyncio.Task[Any], lease: Lease
     ) -> None:
         lease._state = HoldState.RELEASING
         try:
-            status, count = await self._release_script(lease._owner, "one")
+            status, count = await self._release_with_backoff(lease)
         except (RedisError, OSError) as exc:
             # The outcome is unknown: stop renewing, and drop the hold once Redis answers again
             # (or let the lease end by itself).

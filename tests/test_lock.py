@@ -353,6 +353,21 @@ class TestWaiting:
             await waiters.aclose()
             await holder.aclose()
 
+    async def test_burst_beyond_the_connection_pool_waits(self, redis_url: str, name: str) -> None:
+        """Regression: a burst of acquisitions larger than the pool failed with "Too many
+        connections" instead of waiting for a connection."""
+        small = aioredis.Redis.from_url(redis_url, max_connections=4)
+        try:
+            locks = [Lock(small, f"{name}:{i % 20}", timeout=10) for i in range(60)]
+
+            async def cycle(lock: Lock) -> None:
+                async with lock:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.gather(*(cycle(lock) for lock in locks))
+        finally:
+            await small.aclose()
+
     async def test_waiter_wakes_when_the_holder_lease_ends(
         self, client: aioredis.Redis, redis_url: str, name: str
     ) -> None:

@@ -17,7 +17,7 @@ STAMP_DEMO := $(VENV)/.stamp-demo
 STAMP_BENCH := $(VENV)/.stamp-bench
 
 .DEFAULT_GOAL := test
-.PHONY: venv test pytest lint typecheck demo bench clean distclean
+.PHONY: venv test pytest pytest-pythons lint typecheck demo bench clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -57,7 +57,31 @@ pytest: venv
 	if [ $$status -ne 0 ]; then echo "=== pytest FAILED on at least one server"; fi; \
 	exit $$status
 
-test: lint typecheck pytest
+# The fast subset on the oldest and newest supported Pythons (SPEC §7), against the bundled
+# Valkey, each in its own .venv-X.Y with only the `test` extra. A version that is not installed
+# (neither pythonX.Y on PATH nor under pyenv) is skipped with a note.
+PY_SUBSET ?= 3.10 3.13
+FAST_TESTS ?= tests/test_lock.py tests/test_keys.py
+pytest-pythons:
+	@status=0; \
+	for v in $(PY_SUBSET); do \
+		py=""; \
+		for cand in "$$(command -v python$$v 2>/dev/null)" $$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/$$v*/bin/python$$v 2>/dev/null); do \
+			if [ -n "$$cand" ] && "$$cand" -c pass 2>/dev/null; then py="$$cand"; break; fi; \
+		done; \
+		if [ -z "$$py" ]; then echo "=== Python $$v not found: fast subset skipped"; continue; fi; \
+		venv=".venv-$$v"; \
+		if [ ! -f "$$venv/.stamp" ] || [ pyproject.toml -nt "$$venv/.stamp" ]; then \
+			"$$py" -m venv "$$venv" && "$$venv/bin/python" -m pip install --quiet -e '.[test]' \
+				&& touch "$$venv/.stamp" || { status=1; continue; }; \
+		fi; \
+		bin="$$("$$venv/bin/python" -m tests.servers --list | head -n 1)"; \
+		echo ""; echo "=== fast subset on $$("$$venv/bin/python" --version) against $$bin"; \
+		REDIS_SERVER_BIN="$$bin" "$$venv/bin/python" -m pytest -q $(FAST_TESTS) || status=1; \
+	done; \
+	exit $$status
+
+test: lint typecheck pytest pytest-pythons
 
 demo: $(STAMP_DEMO)
 	$(VPY) -m redis_locks_async demo
@@ -70,4 +94,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-*

@@ -32,7 +32,7 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, RedisError
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("redis_locks_async")
 
+_T = TypeVar("_T")
 _REGISTRATION_GRACE_MS: Final = 2000
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
@@ -454,11 +455,13 @@ class LockBase(ABC):
             if not state.notifier.subscribed(channel):
                 # nobody here waits for this lock: one plain attempt first (the fast path)
                 started = loop.time()
-                reply = await self._first_attempt(state, owner, deadline)
+                reply = await self._pool_patient(
+                    lambda: self._run_attempt(state, owner, "try", self._abandon(owner)), deadline
+                )
                 if reply.acquired:
                     self._hold(state, task, owner, reply.token, reply.count, started + self._lease)
                     return True
-            await state.notifier.subscribe(channel)
+            await self._pool_patient(lambda: state.notifier.subscribe(channel), deadline)
             state.notifier.expect(channel, waiter, owner)
             failures = 0
             while True:
@@ -505,16 +508,16 @@ class LockBase(ABC):
         finally:
             state.notifier.leave(channel, waiter)
 
-    async def _first_attempt(
-        self, state: ClientState, owner: str, deadline: float | None
-    ) -> AcquireReply:
-        """The plain first attempt of a waiting acquire. An exhausted connection pool (a burst
-        of acquisitions on a ``ConnectionPool`` capped at ``max_connections``) is back-pressure,
-        not a failure: the caller is willing to wait, so it backs off and tries again."""
+    async def _pool_patient(
+        self, call: Callable[[], Awaitable[_T]], deadline: float | None
+    ) -> _T:
+        """Run ``call``; an exhausted connection pool (a burst of acquisitions on a pool capped
+        at ``max_connections``) is back-pressure, not a failure: a caller willing to wait backs
+        off and tries again (the command was never sent)."""
         loop = asyncio.get_running_loop()
         for delay in itertools.chain(_POOL_BACKOFF, itertools.repeat(_POOL_BACKOFF[-1])):
             try:
-                return await self._run_attempt(state, owner, "try", self._abandon(owner))
+                return await call()
             except LockError as exc:
                 if not isinstance(exc.__cause__, MaxConnectionsError):
                     raise

@@ -20,8 +20,7 @@ import contextlib
 import math
 import random
 import time
-import traceback
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -30,6 +29,8 @@ from urllib.parse import urlparse
 
 import redis
 import redis.asyncio as aioredis
+
+from ._common import describe, recv
 
 HOLDING = "holding"
 READY = "ready"
@@ -83,6 +84,19 @@ class SyncPeer(Protocol):
     def close(self) -> None: ...
 
 
+@contextlib.asynccontextmanager
+async def _acquired(
+    acquire: Callable[[], Awaitable[bool]], release: Callable[[], Awaitable[object]], what: str
+) -> AsyncIterator[int | None]:
+    """Hold a lock whose ``acquire()`` returns ``False`` when it times out (``what`` timed out)."""
+    if not await acquire():
+        raise TimeoutError(f"{what} timed out")
+    try:
+        yield None
+    finally:
+        await release()
+
+
 class _Ours:
     def __init__(self, spec: RunSpec) -> None:
         from redis_locks_async import Lock
@@ -112,14 +126,8 @@ class _RedisPy:
             blocking_timeout=spec.acquire_timeout_s,
         )
 
-    @contextlib.asynccontextmanager
-    async def hold(self) -> AsyncIterator[int | None]:
-        if not await self._lock.acquire():
-            raise TimeoutError("redis-py Lock.acquire timed out")
-        try:
-            yield None
-        finally:
-            await self._lock.release()
+    def hold(self) -> AbstractAsyncContextManager[int | None]:
+        return _acquired(self._lock.acquire, self._lock.release, "redis-py Lock.acquire")
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -133,14 +141,12 @@ class _Pottery:
         self._timeout = spec.acquire_timeout_s
         self._lock = AIORedlock(key=spec.name, masters={self._client}, auto_release_time=30.0)
 
-    @contextlib.asynccontextmanager
-    async def hold(self) -> AsyncIterator[int | None]:
-        if not await self._lock.acquire(timeout=self._timeout):
-            raise TimeoutError("pottery AIORedlock.acquire timed out")
-        try:
-            yield None
-        finally:
-            await self._lock.release()
+    def hold(self) -> AbstractAsyncContextManager[int | None]:
+        return _acquired(
+            lambda: self._lock.acquire(timeout=self._timeout),
+            self._lock.release,
+            "pottery AIORedlock.acquire",
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -272,26 +278,41 @@ SYNC_PEERS = frozenset({"python-redis-lock"})
 # -- the ping-pong ---------------------------------------------------------------------------
 
 
-def _hold_time(spec: RunSpec, rng: random.Random) -> float:
-    return spec.hold_base_s + rng.uniform(0.0, spec.hold_jitter_s)
+class _Side:
+    """One worker's bookkeeping through a run. The asyncio and the sync loop below share it and
+    differ only in how they hold the lock, sleep and wait for a message."""
 
+    def __init__(self, spec: RunSpec, conn: Connection, other: Connection) -> None:
+        self.spec = spec
+        self.result = RunResult(spec.role)
+        self.wait = spec.acquire_timeout_s + 30.0  # for the other worker's "got"
+        self._conn = conn
+        self._other = other
+        self._rng = random.Random(spec.seed * 2 + spec.role)
 
-async def _recv(conn: Connection, timeout: float) -> object:
-    """Receive from ``conn`` without blocking the event loop (and without polling it)."""
-    if not conn.poll():
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
+    def handoffs(self) -> range:
+        """The handoffs this worker receives (-1: worker 0's first hold, not a handoff)."""
+        return range(self.spec.role - 1, self.spec.handoffs, 2)
 
-        def ready() -> None:
-            if not readable.done():
-                readable.set_result(None)
+    def calling_acquire(self, received: int) -> int:
+        """Right before acquiring for handoff ``received`` (worker 1's first tells the parent it
+        is ready): the clock when acquire is called."""
+        if received == 0:
+            self._conn.send(READY)
+        return time.monotonic_ns()
 
-        loop.add_reader(conn.fileno(), ready)
-        try:
-            await asyncio.wait_for(readable, timeout)
-        finally:
-            loop.remove_reader(conn.fileno())
-    return conn.recv()
+    def took(self, received: int, t_call: int, t1: int, token: int | None) -> bool:
+        """Record handoff ``received`` and tell the former holder "got" it. Worker 0's first
+        hold instead tells the parent it holds the lock: ``False``, now wait for "go"."""
+        if received < 0:
+            self._conn.send(HOLDING)
+            return False
+        self.result.received[received] = (t_call, t1, token)
+        self._other.send(("got", received))
+        return True
+
+    def hold_time(self) -> float:
+        return self.spec.hold_base_s + self._rng.uniform(0.0, self.spec.hold_jitter_s)
 
 
 def _expect(message: object, wanted: object) -> None:
@@ -301,72 +322,53 @@ def _expect(message: object, wanted: object) -> None:
 
 async def _play_async(spec: RunSpec, conn: Connection, other: Connection) -> RunResult:
     peer = _async_peer(spec)
-    result = RunResult(spec.role)
-    rng = random.Random(spec.seed * 2 + spec.role)
+    side = _Side(spec, conn, other)
     clock = time.monotonic_ns
-    wait = spec.acquire_timeout_s + 30.0
     try:
-        received = spec.role - 1  # the handoff this block receives (-1: worker 0's first hold)
-        while received < spec.handoffs:
-            if received == 0:
-                conn.send(READY)
-            t_call = clock()
+        for received in side.handoffs():
+            t_call = side.calling_acquire(received)
             async with peer.hold() as token:
                 t1 = clock()
-                if received >= 0:
-                    result.received[received] = (t_call, t1, token)
-                    other.send(("got", received))
-                else:
-                    conn.send(HOLDING)
-                    _expect(await _recv(conn, 60.0), GO)
+                if not side.took(received, t_call, t1, token):
+                    _expect(await recv(conn, 60.0), GO)
                 released = received + 1
                 if released < spec.handoffs:
-                    await asyncio.sleep(_hold_time(spec, rng))
-                    result.released[released] = clock()
+                    await asyncio.sleep(side.hold_time())
+                    side.result.released[released] = clock()
             if released < spec.handoffs:
-                _expect(await _recv(other, wait), ("got", released))
-            received += 2
+                _expect(await recv(other, side.wait), ("got", released))
     finally:
         await peer.aclose()
-    return result
+    return side.result
+
+
+def _recv_blocking(source: Connection, timeout: float) -> object:
+    if not source.poll(timeout):
+        raise TimeoutError("no message within the time limit")
+    return source.recv()
 
 
 def _play_sync(spec: RunSpec, conn: Connection, other: Connection) -> RunResult:
+    """:func:`_play_async` for the sync peer, blocking."""
     peer: SyncPeer = _PythonRedisLock(spec)
-    result = RunResult(spec.role)
-    rng = random.Random(spec.seed * 2 + spec.role)
+    side = _Side(spec, conn, other)
     clock = time.monotonic_ns
-    wait = spec.acquire_timeout_s + 30.0
-
-    def recv(source: Connection, timeout: float) -> object:
-        if not source.poll(timeout):
-            raise TimeoutError("no message within the time limit")
-        return source.recv()
-
     try:
-        received = spec.role - 1
-        while received < spec.handoffs:
-            if received == 0:
-                conn.send(READY)
-            t_call = clock()
+        for received in side.handoffs():
+            t_call = side.calling_acquire(received)
             with peer.hold() as token:
                 t1 = clock()
-                if received >= 0:
-                    result.received[received] = (t_call, t1, token)
-                    other.send(("got", received))
-                else:
-                    conn.send(HOLDING)
-                    _expect(recv(conn, 60.0), GO)
+                if not side.took(received, t_call, t1, token):
+                    _expect(_recv_blocking(conn, 60.0), GO)
                 released = received + 1
                 if released < spec.handoffs:
-                    time.sleep(_hold_time(spec, rng))
-                    result.released[released] = clock()
+                    time.sleep(side.hold_time())
+                    side.result.released[released] = clock()
             if released < spec.handoffs:
-                _expect(recv(other, wait), ("got", released))
-            received += 2
+                _expect(_recv_blocking(other, side.wait), ("got", released))
     finally:
         peer.close()
-    return result
+    return side.result
 
 
 def worker_main(conn: Connection, other: Connection) -> None:
@@ -392,8 +394,7 @@ def worker_main(conn: Connection, other: Connection) -> None:
             except KeyboardInterrupt:  # Ctrl-C reaches the whole process group
                 return
             except Exception as exc:
-                detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                outcome = RunError(message.role, detail)
+                outcome = RunError(message.role, describe(exc))
             try:
                 conn.send(outcome)
             except (EOFError, OSError):

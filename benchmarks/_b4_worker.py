@@ -13,13 +13,15 @@ import asyncio
 import contextlib
 import os
 import threading
-import traceback
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
+
+from ._common import describe, recv
 
 STOP = "stop"
 REPORT = "report"
@@ -59,8 +61,7 @@ class WaiterReport:
     errors: tuple[str, ...]
 
 
-def _describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+SpecT = TypeVar("SpecT", HolderSpec, WaiterSpec)
 
 
 # -- holder ----------------------------------------------------------------------------------
@@ -118,37 +119,10 @@ def _hold_sync(spec: HolderSpec, conn: Connection) -> None:
 
 def holder_main(conn: Connection, spec: HolderSpec) -> None:
     """Take every lock, report ``("holding", n)``, wait for anything on the pipe, exit."""
-    try:
-        if spec.peer == "python-redis-lock":
-            _hold_sync(spec, conn)
-        else:
-            asyncio.run(_hold_async(spec, conn))
-    except (EOFError, OSError, KeyboardInterrupt):
-        return
-    except Exception as exc:
-        with contextlib.suppress(EOFError, OSError):
-            conn.send(("error", _describe(exc)))
+    _serve(conn, spec, _hold_sync, _hold_async)
 
 
 # -- waiters ---------------------------------------------------------------------------------
-
-
-async def _recv(conn: Connection) -> object:
-    """Receive without blocking the event loop (and without polling)."""
-    if not conn.poll():
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
-
-        def ready() -> None:
-            if not readable.done():
-                readable.set_result(None)
-
-        loop.add_reader(conn.fileno(), ready)
-        try:
-            await readable
-        finally:
-            loop.remove_reader(conn.fileno())
-    return conn.recv()
 
 
 async def _wait_async(spec: WaiterSpec, conn: Connection) -> None:
@@ -193,7 +167,7 @@ async def _wait_async(spec: WaiterSpec, conn: Connection) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            errors.append(_describe(exc))
+            errors.append(describe(exc))
             all_started.set()
 
     tasks = [
@@ -203,7 +177,7 @@ async def _wait_async(spec: WaiterSpec, conn: Connection) -> None:
         await all_started.wait()
         conn.send(("started", started, len(errors)))
         while True:
-            message = await _recv(conn)
+            message = await recv(conn)
             if message == REPORT:
                 waiting = sum(1 for task in tasks if not task.done())
                 conn.send(WaiterReport(waiting, acquired, len(errors), tuple(errors[:3])))
@@ -244,7 +218,7 @@ def _wait_threads(spec: WaiterSpec, conn: Connection) -> None:
                     counts["acquired"] += 1
         except Exception as exc:
             with lock_state:
-                errors.append(_describe(exc))
+                errors.append(describe(exc))
 
     threads = [
         threading.Thread(target=one, args=(spec.names[i % len(spec.names)],), daemon=True)
@@ -270,13 +244,24 @@ def _wait_threads(spec: WaiterSpec, conn: Connection) -> None:
 def waiter_main(conn: Connection, spec: WaiterSpec) -> None:
     """Start the waiters, report ``("started", n, errors)``, answer ``"report"``, stop on
     ``"stop"`` (or when the pipe closes)."""
+    _serve(conn, spec, _wait_threads, _wait_async)
+
+
+def _serve(
+    conn: Connection,
+    spec: SpecT,
+    run_sync: Callable[[SpecT, Connection], None],
+    run_async: Callable[[SpecT, Connection], Coroutine[Any, Any, None]],
+) -> None:
+    """Run ``spec`` (in threads for the sync peer, else in an event loop); report an error to
+    the parent as ``("error", text)``, and return quietly when the pipe closes or on Ctrl-C."""
     try:
         if spec.peer == "python-redis-lock":
-            _wait_threads(spec, conn)
+            run_sync(spec, conn)
         else:
-            asyncio.run(_wait_async(spec, conn))
+            asyncio.run(run_async(spec, conn))
     except (EOFError, OSError, KeyboardInterrupt):
         return
     except Exception as exc:
         with contextlib.suppress(EOFError, OSError):
-            conn.send(("error", _describe(exc)))
+            conn.send(("error", describe(exc)))

@@ -56,20 +56,35 @@ def _skipped(result: Mapping[str, Any]) -> list[str]:
     return ["", "Not measured: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()) + "."]
 
 
+def _section(
+    result: Mapping[str, Any],
+    intro: str,
+    headers: Iterable[str],
+    rows: Iterable[Iterable[str]],
+    footnote: str,
+) -> list[str]:
+    """One scenario: heading, what was measured, the table, a footnote, the peers not measured."""
+    lines = [f"## {result['scenario']} — {result['title']}", "", intro, ""]
+    lines += _table(headers, rows)
+    lines += ["", footnote]
+    return lines + _skipped(result)
+
+
+def _error_row(row: Mapping[str, Any], *cells: str) -> list[str]:
+    return [row["label"], *cells, f"error: {row.get('error')}"]
+
+
 def _b1(result: Mapping[str, Any]) -> list[str]:
     target = result["target"]
-    lines = [
-        f"## B1 — {result['title']}",
-        "",
+    intro = (
         f"{result['cycles']:,} cycles per peer in {result['rounds']} interleaved rounds. "
         f"Reference: {result['reference']} = {_us(result['ping_median_us'])}. "
-        f"Target: {target['text']} — {_verdict(target)} ({_x(target['value'])}).",
-        "",
-    ]
+        f"Target: {target['text']} — {_verdict(target)} ({_x(target['value'])})."
+    )
     rows = []
     for row in result["rows"]:
         if "error" in row:
-            rows.append([row["label"], "—", "—", "—", "—", f"error: {row['error']}"])
+            rows.append(_error_row(row, "—", "—", "—", "—"))
             continue
         summary = row["summary"]
         note = _command_note(row["commands_per_cycle"], row["commands_by_type"], "cycle")
@@ -85,9 +100,13 @@ def _b1(result: Mapping[str, Any]) -> list[str]:
                 note,
             ]
         )
-    lines += _table(["peer", "median", "p99", "x PING (median)", "x PING (p99)", "notes"], rows)
-    lines += ["", "Server commands include those run inside Lua scripts (`INFO commandstats`)."]
-    return lines + _skipped(result)
+    return _section(
+        result,
+        intro,
+        ["peer", "median", "p99", "x PING (median)", "x PING (p99)", "notes"],
+        rows,
+        "Server commands include those run inside Lua scripts (`INFO commandstats`).",
+    )
 
 
 def _b2(result: Mapping[str, Any]) -> list[str]:
@@ -95,21 +114,18 @@ def _b2(result: Mapping[str, Any]) -> list[str]:
     clock = result.get("clock_check", {})
     config = result["config"]
     value = target["value"]
-    lines = [
-        f"## B2 — {result['title']}",
-        "",
+    intro = (
         f"Two processes ping-pong one lock; latency = release started → waiter's acquire "
         f"returned. Hold {config['hold_base_ms']:g} ms + jitter of one polling period. "
         f"Reference: {result['reference']}. Target: {target['text']} — {_verdict(target)} "
         f"({_x(value[0])} median, {_x(value[1])} p99). CLOCK_MONOTONIC shared across "
         f"processes: {'yes' if clock.get('shared') else 'NO'} "
-        f"({clock.get('inside_bracket')}/{clock.get('exchanges')} readings inside their bracket).",
-        "",
-    ]
+        f"({clock.get('inside_bracket')}/{clock.get('exchanges')} readings inside their bracket)."
+    )
     rows = []
     for row in result["rows"]:
         if "summary" not in row:
-            rows.append([row["label"], "—", "—", "—", "—", f"error: {row.get('error')}"])
+            rows.append(_error_row(row, "—", "—", "—", "—"))
             continue
         summary = row["summary"]
         parts = [
@@ -139,39 +155,29 @@ def _b2(result: Mapping[str, Any]) -> list[str]:
                 "; ".join(p for p in parts if p),
             ]
         )
-    lines += _table(["peer", "median", "p99", "x floor (median)", "x floor (p99)", "notes"], rows)
-    lines += [
-        "",
+    return _section(
+        result,
+        intro,
+        ["peer", "median", "p99", "x floor (median)", "x floor (p99)", "notes"],
+        rows,
         "Commands per handoff are approximate: they include set-up, warm-up and "
         "Lua-internal commands.",
-    ]
-    return lines + _skipped(result)
+    )
 
 
 def _b4(result: Mapping[str, Any]) -> list[str]:
     target = result["target"]
     config = result["config"]
-    lines = [
-        f"## B4 — {result['title']}",
-        "",
+    intro = (
         f"Window {config['window_s']:g} s after the set-up burst settled; holder silent "
         f"(lease {config['holder_lease_s']:g} s, no renewal). asyncio waiters share a "
         f"BlockingConnectionPool of {config['pool_size']}. Target: {target['text']} — "
-        f"{_verdict(target)}.",
-        "",
-    ]
+        f"{_verdict(target)}."
+    )
     rows = []
     for row in result["rows"]:
         if "error" in row:
-            rows.append(
-                [
-                    row["label"],
-                    f"{row['tasks']:,} on {row['locks']:,}",
-                    "—",
-                    "—",
-                    f"error: {row['error']}",
-                ]
-            )
+            rows.append(_error_row(row, f"{row['tasks']:,} on {row['locks']:,}", "—", "—"))
             continue
         parts = [row.get("note", "")]
         by_type = row.get("commands_by_type_per_s", {})
@@ -192,13 +198,14 @@ def _b4(result: Mapping[str, Any]) -> list[str]:
                 "; ".join(p for p in parts if p),
             ]
         )
-    lines += _table(["peer", "waiters", "commands/s", "connections in use (open)", "notes"], rows)
-    lines += [
-        "",
+    return _section(
+        result,
+        intro,
+        ["peer", "waiters", "commands/s", "connections in use (open)", "notes"],
+        rows,
         '"In use": subscribed, blocked (BLPOP), or sent a command during the window. '
         '"Open" includes idle connections the pool opened during the start-up burst.',
-    ]
-    return lines + _skipped(result)
+    )
 
 
 _RENDER = {"B1": _b1, "B2": _b2, "B4": _b4}

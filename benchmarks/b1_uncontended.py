@@ -181,40 +181,26 @@ async def _run(url: str, prefix: str, config: B1Config, log: Log) -> dict[str, A
             run_async=two_evalsha,
             note="no lock logic: the client cost of two script calls",
         ),
-    ]
-    entries.append(
         _Entry(
             "redis-locks-async",
             "redis-locks-async Lock",
             run_async=await _ours(client, f"{prefix}b1:ours", auto_renew=True),
             note="auto_renew=True (default)",
-        )
-    )
-    entries.append(
+        ),
         _Entry(
             "redis-locks-async/no-renew",
             "redis-locks-async Lock (auto_renew=False)",
             run_async=await _ours(client, f"{prefix}b1:ours-norenew", auto_renew=False),
-        )
-    )
-    skipped: dict[str, str] = {}
-    entries.append(
+        ),
         _Entry(
             "redis-py",
             "redis-py asyncio Lock",
             run_async=await _redis_py(client, f"{prefix}b1:redis-py"),
-        )
-    )
+        ),
+    ]
     if available("pottery"):
-        entries.append(
-            _Entry(
-                "pottery",
-                "pottery AIORedlock (1 master)",
-                run_async=await _pottery(client, f"{prefix}b1:pottery"),
-            )
-        )
-    else:
-        skipped["pottery"] = "not available"
+        cycle = await _pottery(client, f"{prefix}b1:pottery")
+        entries.append(_Entry("pottery", "pottery AIORedlock (1 master)", run_async=cycle))
     if available("aioredlock"):
         cycle, close = await _aioredlock(url, f"{prefix}b1:aioredlock")
         closers.append(close)
@@ -226,8 +212,6 @@ async def _run(url: str, prefix: str, config: B1Config, log: Log) -> dict[str, A
                 note="aioredis 1.x connection",
             )
         )
-    else:
-        skipped["aioredlock"] = "not available"
     entries.append(_Entry("ping-sync", "PING (sync redis-py)", run_sync=sync_ping))
     if available("python-redis-lock"):
         entries.append(
@@ -238,8 +222,11 @@ async def _run(url: str, prefix: str, config: B1Config, log: Log) -> dict[str, A
                 note="sync client; ratio is to the asyncio PING",
             )
         )
-    else:
-        skipped["python-redis-lock"] = "not available"
+    skipped = {
+        key: "not available"
+        for key in ("pottery", "aioredlock", "python-redis-lock")
+        if not available(key)
+    }
 
     try:
         log(f"B1: warming up {len(entries)} entries ({config.warmup} cycles each)")

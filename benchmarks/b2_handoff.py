@@ -30,6 +30,7 @@ from typing import Any
 import redis
 
 from ._b2_worker import GO, HOLDING, READY, RunError, RunResult, RunSpec, worker_main
+from ._common import WorkerError, receive, stop_process
 from ._console import Log
 from ._peers import available
 from ._stats import command_delta, ratio, summarize_ns
@@ -134,10 +135,6 @@ FULL = B2Config(300, 300, 3, 6, 2, 0.010, 30.0)
 QUICK = B2Config(40, 10, 2, 4, 1, 0.010, 10.0)
 
 
-class WorkerError(RuntimeError):
-    """A worker reported an error, died, or did not answer in time."""
-
-
 class _Pair:
     """Two ping-pong worker processes and the parent's ends of their pipes."""
 
@@ -167,13 +164,7 @@ class _Pair:
             raise WorkerError(f"worker {index} is gone: {exc!r}") from exc
 
     def receive(self, index: int, timeout: float) -> object:
-        conn = self.conns[index]
-        try:
-            if not conn.poll(timeout):
-                raise WorkerError(f"worker {index} did not answer within {timeout:.0f} s")
-            message: object = conn.recv()
-        except (OSError, EOFError) as exc:
-            raise WorkerError(f"worker {index} died: {exc!r}") from exc
+        message = receive(self.conns[index], timeout, f"worker {index}")
         if isinstance(message, RunError):
             raise WorkerError(f"worker {index}: {message.error}")
         return message
@@ -204,13 +195,7 @@ class _Pair:
             with contextlib.suppress(OSError, EOFError):
                 self.conns[index].send("exit")
         for proc in self.procs:
-            proc.join(timeout=3)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=3)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=3)
+            stop_process(proc, grace_s=3, force_s=3)
         for conn in self.conns:
             conn.close()
 

@@ -28,6 +28,7 @@ from typing import Any
 import redis
 
 from ._b4_worker import REPORT, STOP, HolderSpec, WaiterReport, WaiterSpec, holder_main, waiter_main
+from ._common import WorkerError, receive, stop_process
 from ._console import Log
 from ._peers import available
 from ._stats import command_delta
@@ -94,19 +95,10 @@ QUICK = B4Config(
 )
 
 
-class CaseError(RuntimeError):
-    """A worker failed or did not answer."""
-
-
 def _receive(conn: Connection, timeout: float, what: str) -> object:
-    try:
-        if not conn.poll(timeout):
-            raise CaseError(f"{what}: no answer within {timeout:.0f} s")
-        message: object = conn.recv()
-    except (EOFError, OSError) as exc:
-        raise CaseError(f"{what}: worker died ({exc!r})") from exc
+    message = receive(conn, timeout, what)
     if isinstance(message, tuple) and message and message[0] == "error":
-        raise CaseError(f"{what}: {message[1]}")
+        raise WorkerError(f"{what}: {message[1]}")
     return message
 
 
@@ -118,17 +110,11 @@ def _stop(proc: SpawnProcess, conn: Connection) -> str:
         return ""
     with contextlib.suppress(OSError, EOFError):
         conn.send(STOP)
-    proc.join(timeout=15)
-    note = ""
-    if proc.is_alive():
-        note = f"{proc.name} did not exit within 15 s of 'stop' and was terminated"
-        proc.terminate()
-        proc.join(timeout=5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(timeout=5)
+    terminated = stop_process(proc, grace_s=15, force_s=5)
     conn.close()
-    return note
+    if terminated:
+        return f"{proc.name} did not exit within 15 s of 'stop' and was terminated"
+    return ""
 
 
 def _snapshot(client: redis.Redis) -> tuple[float, dict[str, Any]]:
@@ -217,7 +203,7 @@ def _run_case(case: Case, url: str, prefix: str, config: B4Config, log: Log) -> 
         waiter_end.close()
         started = _receive(waiter_conn, 120.0, "waiter")
         if isinstance(started, tuple) and len(started) == 3 and started[2]:
-            raise CaseError(f"waiter: {started[2]} tasks failed while starting")
+            raise WorkerError(f"waiter: {started[2]} tasks failed while starting")
         settle_s, setup_commands = _settle(observer, config.settle_max_s)
         row.update(settle_s=round(settle_s, 2), setup_commands=setup_commands)
         log(
@@ -232,9 +218,9 @@ def _run_case(case: Case, url: str, prefix: str, config: B4Config, log: Log) -> 
         open_count, in_use = _connections(observer, client_name, config.window_s)
         clients = observer.info("clients")
         waiter_conn.send(REPORT)
-        report = _receive(waiter_conn, 60.0, "waiter report")
+        report = _receive(waiter_conn, 60.0, "waiter")
         if not isinstance(report, WaiterReport):
-            raise CaseError(f"waiter sent {report!r}")
+            raise WorkerError(f"waiter sent {report!r}")
         row.update(
             window_s=round(elapsed, 2),
             commands=count,
@@ -256,7 +242,7 @@ def _run_case(case: Case, url: str, prefix: str, config: B4Config, log: Log) -> 
             f"B4: {case.label} ({case.tasks} waiters): {row['commands_per_s']} commands/s, "
             f"{in_use} connections in use ({open_count} open)"
         )
-    except CaseError as exc:
+    except WorkerError as exc:
         row["error"] = str(exc)
         log(f"B4: {case.label}: {exc}", style="red")
     finally:

@@ -109,23 +109,15 @@ def _server_meta(url: str, binary: Path | None) -> dict[str, Any]:
 def _library_revision() -> str:
     """``<commit> (clean|modified)`` of the library in a git checkout, else ``""``."""
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=root, timeout=10, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            timeout=10,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "redis_locks_async", "lua"],
-            cwd=root,
-            timeout=10,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "redis_locks_async", "lua")
     except (OSError, subprocess.SubprocessError):
         return ""
     return f"{commit} ({'modified' if dirty else 'clean'})"

@@ -9,6 +9,8 @@ Fixtures
                               private server; all are killed at teardown
 ``redis_url`` (session)       URL of the standalone server (a Docker container when the opt-in
                               testcontainers provider is active)
+``connect`` (function, async) ``connect(url=redis_url, **kwargs)`` opens more
+                              ``redis.asyncio.Redis`` clients; all closed at teardown
 ``client`` (function, async)  ``redis.asyncio.Redis`` on ``redis_url``; closed at teardown
 ``name`` (function)           a lock name unique to the test
 ``fault_proxy`` (function, async) a started :class:`~tests.faultproxy.FaultProxy` in front of
@@ -22,6 +24,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
 import redis.asyncio as aioredis
@@ -155,14 +158,34 @@ def redis_url(request: pytest.FixtureRequest, server: ServerProcess) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+class Connect(Protocol):
+    """The ``connect`` fixture: a new client on ``url`` (default: ``redis_url``)."""
+
+    def __call__(self, url: str | None = None, **kwargs: Any) -> aioredis.Redis: ...
+
+
 @pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """A ``redis.asyncio.Redis`` on the standalone server, closed after the test."""
-    conn = aioredis.Redis.from_url(redis_url)
+async def connect(redis_url: str) -> AsyncIterator[Connect]:
+    """``connect(url=redis_url, **kwargs)``: a new ``redis.asyncio.Redis``; all closed (last
+    first) after the test."""
+    opened: list[aioredis.Redis] = []
+
+    def open_client(url: str | None = None, **kwargs: Any) -> aioredis.Redis:
+        conn = aioredis.Redis.from_url(url or redis_url, **kwargs)
+        opened.append(conn)
+        return conn
+
     try:
-        yield conn
+        yield open_client
     finally:
-        await conn.aclose()
+        for conn in reversed(opened):
+            await conn.aclose()
+
+
+@pytest.fixture
+async def client(connect: Connect) -> aioredis.Redis:
+    """A ``redis.asyncio.Redis`` on the standalone server, closed after the test."""
+    return connect()
 
 
 @pytest.fixture

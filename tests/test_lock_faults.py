@@ -23,7 +23,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -35,6 +35,9 @@ from redis_locks_async._keys import LockKeys
 from redis_locks_async._scripts import LOCK_ACQUIRE, LOCK_EXTEND, LOCK_RELEASE, LOCK_SETTLE
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerFactory
+
+if TYPE_CHECKING:
+    from tests.conftest import Connect
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = (LOCK_ACQUIRE, LOCK_RELEASE, LOCK_EXTEND, LOCK_SETTLE)
@@ -175,6 +178,22 @@ async def finish(task: asyncio.Task[Any], within: float, what: str) -> None:
         raise AssertionError(f"{what}: still running after {within} s")
 
 
+async def take(conn: aioredis.Redis, name: str) -> Lock:
+    """``Lock(conn, name)``, acquired by the calling task (so that task can release it)."""
+    lock = Lock(conn, name)
+    await lock.acquire()
+    return lock
+
+
+async def cancel_held_up(task: asyncio.Task[Any], proxy: FaultProxy) -> None:
+    """Cancel ``task`` while the reply it waits for is held at ``proxy``, then let the replies
+    flow: the task must end cancelled."""
+    task.cancel()
+    proxy.release_replies()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 class HoldingTask:
     """A task that acquires ``lock`` (its own task is the owner) and holds it until :meth:`end`."""
 
@@ -240,13 +259,9 @@ async def proxied(fault_proxy: FaultProxy, client: aioredis.Redis) -> AsyncItera
 
 
 @pytest.fixture
-async def holder(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+async def holder(connect: Connect) -> aioredis.Redis:
     """A second direct client, for the task that holds the lock the others want."""
-    conn = aioredis.Redis.from_url(redis_url)
-    try:
-        yield conn
-    finally:
-        await conn.aclose()
+    return connect()
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,15 +276,9 @@ class TestCancellation:
         lock = Lock(proxied, name)
         fault_proxy.hold_replies()
         task = asyncio.create_task(lock.acquire())
-
-        async def took_it() -> bool:
-            return bool(await client.exists(name))
-
-        await hold_reply_of(fault_proxy, took_it)  # the lock is taken; the client can't know
-        task.cancel()
-        fault_proxy.release_replies()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        # the lock is taken; its reply is held, so the client can't know
+        await hold_reply_of(fault_proxy, lambda: _equals(client.exists(name), 1))
+        await cancel_held_up(task, fault_proxy)
 
         await settle(proxied)
         assert not await client.exists(name), "the cancelled 'try' left the lock held"
@@ -283,15 +292,11 @@ class TestCancellation:
         holder: aioredis.Redis,
         name: str,
     ) -> None:
-        held = Lock(holder, name)
-        await held.acquire()
+        held = await take(holder, name)
         fault_proxy.hold_replies()
         task = asyncio.create_task(Lock(proxied, name).acquire())
         await fault_proxy.wait_held()  # a warm connection: the only reply is the 'try' attempt's
-        task.cancel()
-        fault_proxy.release_replies()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_held_up(task, fault_proxy)
 
         await settle(proxied)
         lease = held.current_lease
@@ -311,8 +316,7 @@ class TestCancellation:
         name: str,
         live_waiter: bool,
     ) -> None:
-        held = Lock(holder, name)
-        await held.acquire()
+        held = await take(holder, name)
         task = asyncio.create_task(Lock(proxied, name).acquire())
         await until(lambda: registered(client, name), what="the waiter's registration")
         await quiesce(fault_proxy)  # its registering reply is read: it sleeps now
@@ -351,25 +355,17 @@ class TestCancellation:
         name: str,
         handed_over: bool,
     ) -> None:
-        held = Lock(holder, name)
-        await held.acquire()
+        held = await take(holder, name)
         fault_proxy.hold_replies()
         task = asyncio.create_task(Lock(proxied, name).acquire())
-
-        async def registered_now() -> bool:
-            return await registered(client, name) == 1
-
         # through the 'try', the pub/sub handshake and SUBSCRIBE, up to the 'wait' attempt
-        await hold_reply_of(fault_proxy, registered_now)
+        await hold_reply_of(fault_proxy, lambda: _equals(registered(client, name), 1))
         if handed_over:
             # The release hands the lock to the registration whose reply is still in flight.
             holder_id = _owner_id(held)
             await held.release()
             assert await owner_of(client, name) not in (None, holder_id)
-        task.cancel()
-        fault_proxy.release_replies()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_held_up(task, fault_proxy)
 
         await settle(proxied)
         assert await registered(client, name) == 0
@@ -394,15 +390,8 @@ class TestCancellation:
         await acquired.wait()
         fault_proxy.hold_replies()
         go.set()
-
-        async def released() -> bool:
-            return not await client.exists(name)
-
-        await hold_reply_of(fault_proxy, released)
-        task.cancel()
-        fault_proxy.release_replies()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await hold_reply_of(fault_proxy, lambda: _equals(client.exists(name), 0))  # released
+        await cancel_held_up(task, fault_proxy)
 
         await settle(proxied)
         assert not await client.exists(name)
@@ -467,11 +456,7 @@ class TestCancellation:
         await first.wait()
         fault_proxy.hold_replies()
         reenter.set()
-
-        async def reentered() -> bool:
-            return await client.hget(name, "count") == b"2"
-
-        await hold_reply_of(fault_proxy, reentered)
+        await hold_reply_of(fault_proxy, lambda: _equals(client.hget(name, "count"), b"2"))
         task.cancel()
         fault_proxy.release_replies()
         await cancelled.wait()
@@ -492,8 +477,7 @@ class TestCancellation:
     async def test_move_on_after_while_waiting_leaks_nothing(
         self, proxied: aioredis.Redis, client: aioredis.Redis, holder: aioredis.Redis, name: str
     ) -> None:
-        held = Lock(holder, name)
-        await held.acquire()
+        held = await take(holder, name)
         with anyio.move_on_after(0.2) as scope:
             await Lock(proxied, name).acquire()
         assert scope.cancelled_caught
@@ -511,13 +495,10 @@ class TestCancellation:
         depend on the cancelled task living on."""
         fault_proxy.hold_replies()
 
-        async def took_it() -> bool:
-            return bool(await client.exists(name))
-
         with anyio.CancelScope() as scope:
 
             async def cancel_when_taken() -> None:
-                await hold_reply_of(fault_proxy, took_it)
+                await hold_reply_of(fault_proxy, lambda: _equals(client.exists(name), 1))
                 scope.cancel()
                 await asyncio.sleep(0.01)  # let anyio's cancellation land first
                 fault_proxy.release_replies()
@@ -542,8 +523,7 @@ class TestCancellation:
         """The waiter's last attempt (at its deadline) ran and said "held"; before that reply
         arrives the holder hands the lock over to it, and both news arrive together. It must
         keep the lock or pass it on."""
-        held = Lock(holder, name)
-        await held.acquire()
+        held = await take(holder, name)
         fault_proxy.hold_replies()
         waiter = HoldingTask(Lock(proxied, name), timeout=0.3)
         await _reach_last_attempt(fault_proxy, client, name)
@@ -593,35 +573,27 @@ class TestCancellation:
         self,
         client: aioredis.Redis,
         holder: aioredis.Redis,
-        redis_url: str,
+        connect: Connect,
         name: str,
         offset_ms: int,
     ) -> None:
         """Real-time race: the holder releases around the moment the waiter's timeout ends."""
-        waiting = aioredis.Redis.from_url(redis_url)
-        try:
-            held = Lock(holder, name)
-            await held.acquire()
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 0.1
-            waiter = HoldingTask(Lock(waiting, name), timeout=0.1)
-            await until(lambda: registered(client, name), what="the waiter's registration")
-            await asyncio.sleep(max(0.0, deadline + offset_ms / 1000 - loop.time()))
-            await held.release()
-            await _check_outcome(waiter, client, name, waiting)
-        finally:
-            await waiting.aclose()
+        waiting = connect()
+        held = await take(holder, name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 0.1
+        waiter = HoldingTask(Lock(waiting, name), timeout=0.1)
+        await until(lambda: registered(client, name), what="the waiter's registration")
+        await asyncio.sleep(max(0.0, deadline + offset_ms / 1000 - loop.time()))
+        await held.release()
+        await _check_outcome(waiter, client, name, waiting)
 
 
 async def _reach_last_attempt(proxy: FaultProxy, inspector: aioredis.Redis, name: str) -> None:
     """With replies held from the start of an acquire: let everything through up to and
     including the registering attempt's reply; return once the reply to the waiter's next
     attempt (at its deadline: nothing else wakes it) is held at the proxy."""
-
-    async def registered_now() -> bool:
-        return await registered(inspector, name) == 1
-
-    await hold_reply_of(proxy, registered_now)
+    await hold_reply_of(proxy, lambda: _equals(registered(inspector, name), 1))
     await step(proxy)  # the registration's reply: the waiter goes to sleep
     await proxy.wait_held()
 
@@ -683,31 +655,35 @@ async def _all_proceed(workers: list[HoldingTask], within: float) -> list[int]:
     return tokens
 
 
+async def _three_waiters(
+    conn: aioredis.Redis, inspector: aioredis.Redis, name: str
+) -> list[HoldingTask]:
+    """Three tasks of ``conn`` waiting for ``name``: all queued locally, the head registered."""
+    lock = Lock(conn, name)
+    workers = [HoldingTask(lock, timeout=10) for _ in range(3)]
+    notifier = state_for(conn).notifier
+    await until(lambda: notifier.waiting == 3, what="three local waiters")
+    await until(lambda: registered(inspector, name), what="the head's registration")
+    return workers
+
+
 class TestPubSubKilled:
     async def test_waiters_proceed_after_pubsub_kill(
-        self, client: aioredis.Redis, holder: aioredis.Redis, redis_url: str, name: str
+        self, client: aioredis.Redis, holder: aioredis.Redis, connect: Connect, name: str
     ) -> None:
-        waiting = aioredis.Redis.from_url(redis_url)
-        try:
-            held = Lock(holder, name)
-            await held.acquire()
-            lock = Lock(waiting, name)
-            workers = [HoldingTask(lock, timeout=10) for _ in range(3)]
-            notifier = state_for(waiting).notifier
-            await until(lambda: notifier.waiting == 3, what="three local waiters")
-            await until(lambda: registered(client, name), what="the head's registration")
+        waiting = connect()
+        held = await take(holder, name)
+        workers = await _three_waiters(waiting, client, name)
 
-            assert await kill_pubsub(client) == 1
-            await until(lambda: subscribers(client, name), what="the re-subscription")
-            loop = asyncio.get_running_loop()
-            reconnected = loop.time()
-            await held.release()
-            await _all_proceed(workers, within=1.0)
-            assert loop.time() - reconnected < 1.0
-            await settle(waiting)
-            assert not await client.exists(name)
-        finally:
-            await waiting.aclose()
+        assert await kill_pubsub(client) == 1
+        await until(lambda: subscribers(client, name), what="the re-subscription")
+        loop = asyncio.get_running_loop()
+        reconnected = loop.time()
+        await held.release()
+        await _all_proceed(workers, within=1.0)
+        assert loop.time() - reconnected < 1.0
+        await settle(waiting)
+        assert not await client.exists(name)
 
     async def test_release_while_pubsub_down_is_not_missed(
         self,
@@ -720,13 +696,8 @@ class TestPubSubKilled:
         """The pub/sub connection is killed and its reconnection stalls in the handshake
         (replies held), so the release is announced to nobody; once the connection is back
         the waiters must re-check and find the lock handed over."""
-        held = Lock(holder, name)
-        await held.acquire()
-        lock = Lock(proxied, name)
-        workers = [HoldingTask(lock, timeout=10) for _ in range(3)]
-        notifier = state_for(proxied).notifier
-        await until(lambda: notifier.waiting == 3, what="three local waiters")
-        await until(lambda: registered(client, name), what="the head's registration")
+        held = await take(holder, name)
+        workers = await _three_waiters(proxied, client, name)
 
         fault_proxy.hold_replies()  # the pub/sub reconnection stalls in its handshake
         assert await kill_pubsub(client) == 1
@@ -953,31 +924,27 @@ class TestRenewal:
 
 class TestServerRestart:
     async def test_waiter_acquires_after_restart(
-        self, server_factory: ServerFactory, name: str
+        self, server_factory: ServerFactory, connect: Connect, name: str
     ) -> None:
         private = server_factory()
-        inspector = aioredis.Redis.from_url(private.url)
-        holding = aioredis.Redis.from_url(private.url)
-        waiting = aioredis.Redis.from_url(private.url)
-        try:
-            held = Lock(holding, name)
-            await held.acquire()
-            waiter = HoldingTask(Lock(waiting, name), timeout=15)
-            await until(lambda: registered(inspector, name), what="the waiter's registration")
+        inspector = connect(private.url)
+        holding = connect(private.url)
+        waiting = connect(private.url)
+        held = Lock(holding, name)
+        await held.acquire()
+        waiter = HoldingTask(Lock(waiting, name), timeout=15)
+        await until(lambda: registered(inspector, name), what="the waiter's registration")
 
-            await asyncio.to_thread(private.restart)  # no persistence: the lock is gone
-            await inspector.connection_pool.disconnect()  # its connection died with the server
-            loop = asyncio.get_running_loop()
-            back_at = loop.time()
-            lease = await waiter.wait_acquired(within=5)
-            assert lease is not None
-            assert loop.time() - back_at < 2.0
-            assert await owner_of(inspector, name) == lease._owner
-            await waiter.end()
-            await settle(waiting)
-        finally:
-            for conn in (waiting, holding, inspector):
-                await conn.aclose()
+        await asyncio.to_thread(private.restart)  # no persistence: the lock is gone
+        await inspector.connection_pool.disconnect()  # its connection died with the server
+        loop = asyncio.get_running_loop()
+        back_at = loop.time()
+        lease = await waiter.wait_acquired(within=5)
+        assert lease is not None
+        assert loop.time() - back_at < 2.0
+        assert await owner_of(inspector, name) == lease._owner
+        await waiter.end()
+        await settle(waiting)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1004,8 +971,7 @@ class TestClientClose:
     async def test_close_while_waiting_fails_the_waiter(
         self, client: aioredis.Redis, holder: aioredis.Redis, redis_url: str, name: str
     ) -> None:
-        held = Lock(holder, name)
-        await held.acquire()
+        held = await take(holder, name)
         baseline = asyncio.all_tasks()
         conn = aioredis.Redis.from_url(redis_url)
         task = asyncio.create_task(Lock(conn, name).acquire())

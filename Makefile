@@ -17,7 +17,7 @@ STAMP_DEMO := $(VENV)/.stamp-demo
 STAMP_BENCH := $(VENV)/.stamp-bench
 
 .DEFAULT_GOAL := test
-.PHONY: venv test pytest pytest-pythons lint typecheck demo bench clean distclean
+.PHONY: venv test pytest pytest-pythons bench-smoke lint typecheck demo bench clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -81,7 +81,11 @@ pytest-pythons:
 	done; \
 	exit $$status
 
-test: lint typecheck pytest pytest-pythons
+# Benchmarks are programs: a quick run (< 1 min) keeps them from rotting (STYLE §12).
+bench-smoke: venv
+	$(VPY) -m benchmarks --quick --out "$$(mktemp -d)"
+
+test: lint typecheck pytest pytest-pythons bench-smoke
 
 demo: $(STAMP_DEMO)
 	$(VPY) -m redis_locks_async demo

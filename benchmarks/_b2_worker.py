@@ -154,7 +154,7 @@ class _Pottery:
 
 class _Aioredlock:
     def __init__(self, spec: RunSpec) -> None:
-        from aioredlock import Aioredlock  # type: ignore[import-untyped]
+        from aioredlock import Aioredlock
 
         parts = urlparse(spec.url)
         # Its lock() retries with random 0.1-0.3 s sleeps: enough retries to cover the timeout.
@@ -235,7 +235,7 @@ class _PubSubHop:
 
 class _PythonRedisLock:
     def __init__(self, spec: RunSpec) -> None:
-        import redis_lock  # type: ignore[import-untyped]
+        import redis_lock
 
         self._client = redis.Redis.from_url(spec.url)
         self._lock = redis_lock.Lock(self._client, spec.name, expire=60)

@@ -100,7 +100,7 @@ async def _hold_async(spec: HolderSpec, conn: Connection) -> None:
 
 
 def _hold_sync(spec: HolderSpec, conn: Connection) -> None:
-    import redis_lock  # type: ignore[import-untyped]
+    import redis_lock
 
     client = redis.Redis.from_url(spec.url)
     keep = []

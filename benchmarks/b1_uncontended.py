@@ -95,7 +95,7 @@ async def _pottery(client: aioredis.Redis, name: str) -> Cycle:
 
 
 async def _aioredlock(url: str, name: str) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
-    from aioredlock import Aioredlock  # type: ignore[import-untyped]
+    from aioredlock import Aioredlock
 
     parts = urlparse(url)
     manager = Aioredlock([{"host": parts.hostname, "port": parts.port}])
@@ -111,7 +111,7 @@ async def _aioredlock(url: str, name: str) -> tuple[Cycle, Callable[[], Awaitabl
 
 
 def _python_redis_lock(client: redis.Redis, name: str) -> SyncCycle:
-    import redis_lock  # type: ignore[import-untyped]
+    import redis_lock
 
     lock = redis_lock.Lock(client, name, expire=30)
 

@@ -85,7 +85,7 @@ pytest-pythons:
 bench-smoke: venv
 	$(VPY) -m benchmarks --quick --out "$$(mktemp -d)"
 
-test: lint typecheck pytest pytest-pythons bench-smoke
+test: lint typecheck bench-smoke pytest-pythons pytest
 
 demo: $(STAMP_DEMO)
 	$(VPY) -m redis_locks_async demo

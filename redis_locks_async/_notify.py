@@ -71,14 +71,23 @@ class Waiter:
 
     def reset_signal(self) -> None:
         """Forget earlier wake-ups; called just before each attempt, so none is missed."""
-        if self._signal.done():
+        if self._signal.done():  # also when a cancelled sleep cancelled it
             self._signal = self._loop.create_future()
 
     async def sleep(self, timeout: float | None) -> None:
-        """Sleep until signalled or ``timeout`` seconds passed (``None``: until signalled)."""
+        """Sleep until signalled or ``timeout`` seconds passed (``None``: until signalled).
+
+        The task awaits the signal future itself (a timer signals it on time-out), so a
+        handover wakes it in the very next loop iteration: this is the handoff's hot path.
+        """
         if timeout is not None and timeout <= 0:
             return
-        await asyncio.wait((self._signal,), timeout=timeout)
+        timer = None if timeout is None else self._loop.call_later(timeout, self.signal)
+        try:
+            await self._signal
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 @final

@@ -258,20 +258,27 @@ class Notifier:
                 await asyncio.sleep(delay)
                 continue
             failures = 0
-            if message is not None:
-                try:
-                    self._dispatch(message)
-                except ValueError:  # not one of our announcements: never let it stop the wait
-                    logger.warning("ignoring a malformed message: %r", message)
+            if message is None:
+                continue
+            try:
+                woke = self._dispatch(message)
+            except ValueError:  # not one of our announcements: never let it stop the wait
+                logger.warning("ignoring a malformed message: %r", message)
+                continue
+            if woke:
+                # Let the woken waiter run before this task goes back into redis-py to read
+                # the next message: the handover's latency is the waiter's, not ours.
+                await asyncio.sleep(0)
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
+    def _dispatch(self, message: dict[str, Any]) -> bool:
+        """Act on one pub/sub message; ``True`` when it handed a lock to a local waiter."""
         kind = _text(message.get("type"))
         entry = self._channels.get(_text(message.get("channel")))
         if entry is None:
-            return
+            return False
         if kind in ("subscribe", "ssubscribe"):
             if entry.confirmed is None:
-                return
+                return False
             if entry.confirmed.done():
                 entry.recheck()  # re-subscribed after a reconnect: announcements may be lost
             else:
@@ -285,8 +292,10 @@ class Notifier:
                     loop = asyncio.get_running_loop()
                     waiter.grant = Grant(int(token), int(lease_ms), loop.time())
                     waiter.signal()
+                    return True
             else:
                 entry.recheck()
+        return False
 
     def wake_all(self) -> None:
         """Wake every local waiter, heads and queued alike (the client is closing)."""

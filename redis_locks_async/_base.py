@@ -430,6 +430,11 @@ class LockBase(ABC):
     def _abandon(self, owner: str) -> Callable[[], Awaitable[object]]:
         return lambda: self._release_script(owner, "all")
 
+    def _spawn_abandon(self, state: ClientState, owner: str) -> asyncio.Task[None]:
+        """Drop everything ``owner`` reached (a registration, a hold handed over meanwhile, which
+        passes on to the next waiter) in a tracked task, retrying transient errors."""
+        return state.spawn(self._cleanup_after(_done_future(state.loop), self._abandon(owner)))
+
     async def _acquire_fresh(
         self, state: ClientState, task: asyncio.Task[Any], timeout: float | None
     ) -> bool:
@@ -489,7 +494,7 @@ class LockBase(ABC):
                     left = _left(deadline, loop)
                     if left == 0:
                         registered = False
-                        await self._settle_abandon(state, owner)
+                        await asyncio.shield(self._spawn_abandon(state, owner))
                         return False
                     bound = reply.ttl_ms / 1000 if reply.ttl_ms > 0 else self._lease
                     await waiter.sleep(bound if left is None else min(bound, left))
@@ -501,16 +506,14 @@ class LockBase(ABC):
                     return True
         except BaseException:
             if registered:
-                job = state.spawn(self._cleanup_after(_done_future(loop), self._abandon(owner)))
+                job = self._spawn_abandon(state, owner)
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(job)
             raise
         finally:
             state.notifier.leave(channel, waiter)
 
-    async def _pool_patient(
-        self, call: Callable[[], Awaitable[_T]], deadline: float | None
-    ) -> _T:
+    async def _pool_patient(self, call: Callable[[], Awaitable[_T]], deadline: float | None) -> _T:
         """Run ``call``; an exhausted connection pool (a burst of acquisitions on a pool capped
         at ``max_connections``) is back-pressure, not a failure: a caller willing to wait backs
         off and tries again (the command was never sent)."""
@@ -532,13 +535,6 @@ class LockBase(ABC):
             raise LockError(
                 f"cannot acquire {self._name!r}: the redis client was closed", name=self._name
             )
-
-    async def _settle_abandon(self, state: ClientState, owner: str) -> None:
-        """Give up waiting: drop the registration, and pass on a hold handed over meanwhile."""
-        job = state.spawn(
-            self._cleanup_after(_done_future(asyncio.get_running_loop()), self._abandon(owner))
-        )
-        await asyncio.shield(job)
 
     async def _reenter(self, state: ClientState, lease: Lease) -> bool:
         if lease.state is not HoldState.HELD:
@@ -604,7 +600,7 @@ class LockBase(ABC):
                 "task %s ended while holding %r; releasing it", task.get_name(), self._name
             )
             self._forget(state, task, lease)
-            state.spawn(self._cleanup_after(_done_future(state.loop), self._abandon(lease._owner)))
+            self._spawn_abandon(state, lease._owner)
 
         lease._done_callback = task_ended
         task.add_done_callback(task_ended)
@@ -640,7 +636,7 @@ class LockBase(ABC):
             # (or let the lease end by itself).
             lease._state = HoldState.RELEASED
             self._forget(state, task, lease)
-            state.spawn(self._cleanup_after(_done_future(state.loop), self._abandon(lease._owner)))
+            self._spawn_abandon(state, lease._owner)
             await raise_translated(self._redis, self._keys.script_keys, self._name, "release", exc)
         if status == 1:
             lease._count = count

@@ -10,7 +10,13 @@ under test and a real server and steer faults from the test body:
 - :meth:`FaultProxy.blackhole` silently drops everything both ways while keeping connections open
   (a partitioned or frozen peer);
 - :meth:`FaultProxy.reset_all` aborts every current connection with a TCP RST;
-- :meth:`FaultProxy.heal` lifts delay, hold and blackhole.
+- :meth:`FaultProxy.lose_held` drops the replies held right now and aborts their connections
+  with a TCP RST: the command ran on the server but its reply is lost with a connection error
+  (what makes a retrying client such as ``Redis(host=…)`` send the command again);
+- :meth:`FaultProxy.blackhole_where` / :meth:`FaultProxy.reset_where` act only on the connections
+  whose client sent some bytes (e.g. ``b"SUBSCRIBE"``: the pub/sub connection), for a silently dead
+  (half-open) connection or a targeted reset;
+- :meth:`FaultProxy.heal` lifts delay, hold and blackhole (proxy-wide and per connection).
 
 One proxy serves any number of connections; each gets its own upstream connection. Faults are
 proxy-wide and apply to connections present and future. Counters (:attr:`FaultProxy.stats`) let
@@ -41,6 +47,7 @@ __all__ = ("FaultProxy", "ProxyStats")
 
 _CHUNK: Final = 65536
 _EOF: Final = None
+_SENT_LOG: Final = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +76,16 @@ def _set_rst_on_close(writer: asyncio.StreamWriter) -> None:
 class _Connection:
     """One client connection and its upstream twin, with the two pump tasks."""
 
-    __slots__ = ("aborted", "client", "down_queue", "pending_down", "tasks", "upstream")
+    __slots__ = (
+        "aborted",
+        "blackholed",
+        "client",
+        "down_queue",
+        "pending_down",
+        "sent",
+        "tasks",
+        "upstream",
+    )
 
     def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
         self.client = client
@@ -78,6 +94,8 @@ class _Connection:
         self.pending_down = 0  # bytes read from the server, not yet delivered or dropped
         self.tasks: list[asyncio.Task[None]] = []
         self.aborted = False
+        self.blackholed = False  # this connection only (see FaultProxy.blackhole_where)
+        self.sent = bytearray()  # the first _SENT_LOG bytes sent, lower-cased, for *_where()
 
     def abort(self, *, rst: bool) -> None:
         self.aborted = True
@@ -230,10 +248,53 @@ class FaultProxy:
         self._resets += len(conns)
         return len(conns)
 
+    def lose_held(self) -> int:
+        """Drop every reply held right now and abort its connection with a TCP RST.
+
+        Use it after :meth:`hold_replies` and :meth:`wait_held`: the command ran on the server,
+        and the client sees a connection error instead of its reply (a retrying client then
+        sends the command again on a new connection). Returns how many connections were lost.
+        Replies stay held for the other connections.
+        """
+        lost = [conn for conn in self._connections if conn.pending_down > 0]
+        for conn in lost:
+            self._bytes_dropped_down += conn.pending_down
+            conn.pending_down = 0
+            conn.abort(rst=True)
+        self._resets += len(lost)
+        return len(lost)
+
+    def connections_where(self, needle: bytes) -> int:
+        """How many open connections have sent ``needle`` (case-insensitive, within their first
+        64 KiB)."""
+        return len(self._where(needle))
+
+    def blackhole_where(self, needle: bytes) -> int:
+        """Silently drop both ways on the open connections that sent ``needle`` (a half-open
+        connection: no RST, no FIN) until :meth:`heal`. Returns how many."""
+        hit = self._where(needle)
+        for conn in hit:
+            conn.blackholed = True
+        return len(hit)
+
+    def reset_where(self, needle: bytes) -> int:
+        """Abort with a TCP RST the open connections that sent ``needle``; returns how many."""
+        hit = self._where(needle)
+        for conn in hit:
+            conn.abort(rst=True)
+        self._resets += len(hit)
+        return len(hit)
+
+    def _where(self, needle: bytes) -> list[_Connection]:
+        needle = needle.lower()
+        return [conn for conn in self._connections if needle in conn.sent]
+
     def heal(self) -> None:
         """Lift delay, hold and blackhole; held replies are delivered."""
         self._delay = 0.0
         self._blackholed = False
+        for conn in self._connections:
+            conn.blackholed = False
         if self._released is not None:
             self._released.set()
 
@@ -362,7 +423,9 @@ class FaultProxy:
         """Client → server, dropping bytes while blackholed."""
         try:
             while data := await reader.read(_CHUNK):
-                if self._blackholed:
+                if len(conn.sent) < _SENT_LOG:
+                    conn.sent += data[: _SENT_LOG - len(conn.sent)].lower()
+                if self._blackholed or conn.blackholed:
                     self._bytes_dropped_up += len(data)
                     continue
                 conn.upstream.write(data)
@@ -380,7 +443,7 @@ class FaultProxy:
         loop = asyncio.get_running_loop()
         try:
             while data := await reader.read(_CHUNK):
-                if self._blackholed:
+                if self._blackholed or conn.blackholed:
                     self._bytes_dropped_down += len(data)
                     continue
                 conn.pending_down += len(data)
@@ -400,8 +463,10 @@ class FaultProxy:
             if (wait := deliver_at - loop.time()) > 0:
                 await asyncio.sleep(wait)
             await released.wait()
+            if conn.aborted:
+                return
             conn.pending_down -= len(data)
-            if self._blackholed:
+            if self._blackholed or conn.blackholed:
                 self._bytes_dropped_down += len(data)
             else:
                 try:

@@ -212,6 +212,47 @@ class TestFaultProxy:
             await client.aclose()
         assert fault_proxy.stats.connections_total == 2
 
+    async def test_lost_reply_makes_a_retrying_client_run_the_command_twice(
+        self, fault_proxy: FaultProxy
+    ) -> None:
+        """``lose_held``: the command ran, its reply is lost with a RST, redis-py retries it."""
+        client = aioredis.Redis(host=fault_proxy.host, port=fault_proxy.port)  # retries by default
+        try:
+            await client.delete("harness:twice")
+            fault_proxy.hold_replies()
+            async def incr() -> int:
+                return await client.incr("harness:twice")
+
+            task = asyncio.create_task(incr())
+            await fault_proxy.wait_held()
+            assert fault_proxy.lose_held() == 1
+            fault_proxy.release_replies()
+            assert await asyncio.wait_for(task, 5) == 2  # ran twice: the retry saw 1
+        finally:
+            fault_proxy.heal()
+            await client.aclose()
+
+    async def test_blackhole_where_silences_only_matching_connections(
+        self, fault_proxy: FaultProxy
+    ) -> None:
+        client = aioredis.Redis.from_url(fault_proxy.url, socket_timeout=0.3)
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe("harness:channel")
+            confirmation = await pubsub.get_message(timeout=1)
+            assert confirmation is not None and confirmation["type"] == "subscribe"
+            assert fault_proxy.connections_where(b"SUBSCRIBE") == 1
+            assert fault_proxy.blackhole_where(b"SUBSCRIBE") == 1
+            await client.publish("harness:channel", "lost")  # other connections still work
+            await pubsub.ping()
+            assert await pubsub.get_message(timeout=0.3) is None  # nothing comes back
+            assert fault_proxy.stats.bytes_dropped_up > 0
+            assert fault_proxy.reset_where(b"SUBSCRIBE") == 1
+        finally:
+            fault_proxy.heal()
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await client.aclose()
+
     async def test_upstream_down_resets_client(self, server_factory: ServerFactory) -> None:
         srv = server_factory()
         async with FaultProxy(srv.host, srv.port) as proxy:

@@ -1,0 +1,143 @@
+"""The one place where tests look inside the library (everything else uses the public API).
+
+Invariant checks (no ghost holders, no orphan tasks, no renewal loop left running) need a few
+views the public API does not offer. They are collected here so that a refactoring of the
+library's internals changes this module only, never the tests that use it.
+
+All functions take the ``redis.asyncio`` client the locks were built on and look at the
+library's state for that client *on the running event loop*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from redis_locks_async import Lease
+from redis_locks_async._client import ClientState
+from redis_locks_async._keys import LockKeys
+from redis_locks_async._scripts import LOCK_ACQUIRE, LOCK_EXTEND, LOCK_RELEASE, LOCK_SETTLE
+
+__all__ = (
+    "aux_keys",
+    "background_tasks",
+    "channel_of",
+    "drain",
+    "keeper_size",
+    "lease_owner_id",
+    "live_owner_ids",
+    "local_waiters",
+    "owner_in_redis",
+    "pending_cleanups",
+    "registered_waiters",
+    "renewal_round_trips",
+    "script_sources",
+)
+
+
+def _state(client: aioredis.Redis) -> ClientState | None:
+    state: ClientState | None = client.__dict__.get("_redis_locks_async_state")
+    if state is None:
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return state
+    return state if state.loop is loop else None
+
+
+def script_sources() -> Sequence[str]:
+    """The source of every Lua script the library runs (to ``SCRIPT LOAD`` them up front)."""
+    return [s.source for s in (LOCK_ACQUIRE, LOCK_RELEASE, LOCK_EXTEND, LOCK_SETTLE)]
+
+
+def background_tasks(client: aioredis.Redis) -> set[asyncio.Task[Any]]:
+    """The library's background tasks for ``client`` that are not done (listener, keeper,
+    cleanups, releases in flight)."""
+    state = _state(client)
+    if state is None:
+        return set()
+    return {task for task in state._tasks if not task.done()}
+
+
+def pending_cleanups(client: aioredis.Redis) -> int:
+    """Background cleanups and releases still running (not the long-lived keeper/listener)."""
+    state = _state(client)
+    return 0 if state is None else state.pending_cleanups
+
+
+async def drain(client: aioredis.Redis, timeout: float = 5.0) -> None:
+    """Wait (at most ``timeout`` s) for pending cleanups and releases of ``client``."""
+    state = _state(client)
+    if state is not None:
+        await state.drain(timeout)
+
+
+def renewal_round_trips(client: aioredis.Redis) -> int:
+    """Renewal round trips the lease keeper of ``client`` made so far."""
+    state = _state(client)
+    return 0 if state is None else state.keeper.renewal_round_trips
+
+
+def keeper_size(client: aioredis.Redis) -> int:
+    """How many leases the keeper of ``client`` is renewing or watching."""
+    state = _state(client)
+    return 0 if state is None else len(state.keeper)
+
+
+def lease_owner_id(lease: Lease) -> str:
+    """The owner id a lease holds its lock under (what the server stores as the owner)."""
+    return lease._owner
+
+
+def live_owner_ids(client: aioredis.Redis) -> set[str]:
+    """Owner ids a live local task stands behind: held (not lost) leases and waiting tasks."""
+    state = _state(client)
+    if state is None:
+        return set()
+    ids = {lease._owner for lease in state.holds.values() if not lease.lost}
+    for entry in state.notifier._channels.values():
+        ids |= set(entry.by_owner)
+    return ids
+
+
+def held_leases(client: aioredis.Redis) -> list[Lease]:
+    """Every lease the library holds locally for ``client`` (any task, any lock)."""
+    state = _state(client)
+    return [] if state is None else list(state.holds.values())
+
+
+def local_waiters(client: aioredis.Redis) -> int:
+    """Tasks waiting (queued locally) for any lock of ``client``."""
+    state = _state(client)
+    return 0 if state is None else state.notifier.waiting
+
+
+def aux_keys(name: str) -> tuple[str | bytes, ...]:
+    """Every Redis key the lock ``name`` uses besides ``name`` itself."""
+    keys = LockKeys.for_name(name)
+    return (keys.fence, keys.waiters, keys.waiter_info)
+
+
+def channel_of(name: str) -> str | bytes:
+    """The pub/sub channel the lock ``name`` announces releases on."""
+    return LockKeys.for_name(name).channel
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def owner_in_redis(inspector: aioredis.Redis, name: str) -> str | None:
+    """The owner id the server has for the lock ``name`` (``None`` when free)."""
+    owner = await inspector.hget(name, "owner")
+    return None if owner is None else _text(owner)
+
+
+async def registered_waiters(inspector: aioredis.Redis, name: str) -> set[str]:
+    """Owner ids registered in Redis as waiting for ``name``."""
+    keys = LockKeys.for_name(name)
+    return {_text(member) for member in await inspector.zrange(keys.waiters, 0, -1)}

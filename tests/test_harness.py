@@ -220,6 +220,7 @@ class TestFaultProxy:
         try:
             await client.delete("harness:twice")
             fault_proxy.hold_replies()
+
             async def incr() -> int:
                 return await client.incr("harness:twice")
 

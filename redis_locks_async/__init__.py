@@ -1,6 +1,6 @@
 """redis-locks-async: asyncio-native distributed locks for Redis and Valkey."""
 
-from ._base import LockState as LockState
+from ._core import LockState as LockState
 from ._errors import LockError as LockError
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError

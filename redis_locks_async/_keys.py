@@ -1,15 +1,28 @@
-"""Key and channel names for a lock, laid out so every script touches one cluster slot.
+"""Key and channel names of a lock: one slot per lock, and no two names ever share anything.
 
 The main key of a lock is its name itself, so an operator finds it in ``redis-cli`` under the
-name they chose. Auxiliary keys (fencing counter, waiter queue) and the pub/sub channel must
-hash to the same slot as the name, or a script touching them all is refused by Redis Cluster:
+name they chose. Everything else a lock needs — its auxiliary keys and its pub/sub channel —
+is derived from a **slot prefix** ``P(name)`` that starts with a hash tag hashing to the slot of
+the bare name, so a script touching all of a lock's keys touches one cluster slot:
 
-* a name that already carries a hash tag (``"orders:{42}"``) keeps it: ``orders:{42}:fence``;
-* a name without braces is wrapped: ``{orders:42}:fence`` hashes exactly like ``orders:42``;
-* the rare name with a ``}`` but no valid tag (``"a}b"``, ``"{}x"``) cannot be wrapped, so a short
-  tag that hashes to the name's slot is found by search and used instead: ``{8713}:a}b:fence``.
+* a name without ``}`` is wrapped: ``P("orders:42") = "{orders:42}"``;
+* a name with a valid hash tag keeps it, followed by the whole name:
+  ``P("orders:{42}") = "{42}orders:{42}"``;
+* a name with a ``}`` but no valid tag (``"a}b"``, ``"{}x"``) gets a short tag found by search that
+  hashes to the name's slot, followed by the whole name: ``P("a}b") = "{8713}a}b"``.
 
-All three are plain data: names never reach Lua source, only ``KEYS``/``ARGV``.
+``P`` is injective: the prefix always opens with ``{``; its first ``}`` closes the tag; in the
+first form nothing follows it, in the other two the full name does. So ``x`` and ``{x}``
+(``"{x}"`` vs ``"{x}{x}"``), or ``a}b`` and ``{8713}:a}b``, never share a key or a channel.
+
+Auxiliary keys are ``P(name) + b"\\xff" + kind``. The byte ``0xFF`` never occurs in UTF-8 text,
+and lock names are text, so **no lock name can ever equal another lock's auxiliary key** (a lock
+named ``"{x}\\xffmeta"`` in Python is the UTF-8 key ``{x}\\xc3\\xbfmeta``). Auxiliary keys are
+therefore bytes. Channels come back in every pub/sub message, which a client built with
+``decode_responses=True`` decodes as UTF-8, so channels stay text: ``P(name) + ":" + kind``
+(channels live in their own namespace, so only injectivity among channels matters).
+
+Names never reach Lua source, only ``KEYS``/``ARGV``.
 """
 
 from __future__ import annotations
@@ -19,7 +32,10 @@ from functools import lru_cache
 from itertools import count
 from typing import Final, final
 
+__all__ = ("CLUSTER_SLOTS", "LockKeys", "crc16", "hash_tag", "key_slot", "slot_prefix")
+
 CLUSTER_SLOTS: Final = 16384
+AUX_SEPARATOR: Final = b"\xff"
 
 
 def _crc16_table() -> tuple[int, ...]:
@@ -54,10 +70,11 @@ def hash_tag(key: bytes) -> bytes | None:
     return key[start + 1 : end]
 
 
-def key_slot(key: bytes) -> int:
+def key_slot(key: bytes | str) -> int:
     """The cluster slot of ``key``."""
-    tag = hash_tag(key)
-    return crc16(key if tag is None else tag) % CLUSTER_SLOTS
+    raw = key.encode("utf-8") if isinstance(key, str) else key
+    tag = hash_tag(raw)
+    return crc16(raw if tag is None else tag) % CLUSTER_SLOTS
 
 
 @lru_cache(maxsize=1024)
@@ -69,40 +86,50 @@ def _tag_for_slot(slot: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def aux_prefix(name: str) -> str:
-    """A prefix that hashes to the slot of ``name`` and shows the name to an operator."""
-    raw = name.encode("utf-8", "surrogatepass")
-    if hash_tag(raw) is not None:
-        return name
+def slot_prefix(name: str) -> str:
+    """``P(name)``: an injective prefix that hashes to the slot of ``name`` (module docstring)."""
+    raw = name.encode("utf-8")
+    tag = hash_tag(raw)
+    if tag is not None:
+        return "{" + tag.decode("utf-8") + "}" + name
     if "}" not in name:
         return "{" + name + "}"
-    return "{" + _tag_for_slot(key_slot(raw)) + "}:" + name
+    return "{" + _tag_for_slot(key_slot(raw)) + "}" + name
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class LockKeys:
-    """Every Redis name one lock uses."""
+    """Every Redis name one lock uses (see the module docstring for why they never collide).
+
+    ``kind`` names the primitive ("lock", "fair", ...), so two primitives never share a channel.
+    """
 
     name: str
-    fence: str
-    waiters: str
-    waiter_info: str
+    meta: bytes
+    queue: bytes
+    done: bytes
     channel: str
 
     @classmethod
-    def for_name(cls, name: str) -> LockKeys:
+    def for_name(cls, name: str, kind: str = "lock") -> LockKeys:
         """Lay out the keys of the lock called ``name``."""
-        prefix = aux_prefix(name)
+        prefix = slot_prefix(name)
+        aux = prefix.encode("utf-8") + AUX_SEPARATOR
         return cls(
             name=name,
-            fence=prefix + ":fence",
-            waiters=prefix + ":waiters",
-            waiter_info=prefix + ":waiter-info",
-            channel=prefix + ":released",
+            meta=aux + b"meta",
+            queue=aux + b"queue",
+            done=aux + b"done",
+            channel=prefix + ":" + kind,
         )
 
     @property
-    def script_keys(self) -> tuple[str, str, str, str]:
+    def script_keys(self) -> tuple[str, bytes, bytes, bytes]:
         """The ``KEYS`` of the lock scripts, in their contract order."""
-        return (self.name, self.fence, self.waiters, self.waiter_info)
+        return (self.name, self.meta, self.queue, self.done)
+
+    @property
+    def aux_keys(self) -> tuple[bytes, bytes, bytes]:
+        """Every key of the lock except the main one."""
+        return (self.meta, self.queue, self.done)

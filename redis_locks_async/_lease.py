@@ -1,22 +1,29 @@
-"""What a holder holds: :class:`Lease`, and the states a hold goes through.
+"""What a holder holds: the public :class:`Lease` view over the internal :class:`Hold` record.
 
-A :class:`Lease` is created when an acquisition succeeds and lives until the hold ends. Its
-expiry is a *local estimate* on the event loop's monotonic clock, taken from the moment the
-acquiring command was sent (so it never runs later than the server's), or, for a lock handed
-over while waiting, from the moment the announcement arrived (one network hop late: the
-fencing token is what protects resources against that, and against every pause).
+A :class:`Hold` is created when an acquisition succeeds and lives until the hold ends. The core
+(``_core``) and the lease keeper (``_renewal``) change it only through its named transitions
+(:meth:`Hold.renewed`, :meth:`Hold.set_lease`, :meth:`Hold.mark_lost`, ...). Its expiry is a
+*local estimate* on the event loop's monotonic clock, taken from the moment the command that
+set the server's TTL was sent, so it never runs later than the server's — except for a lock
+handed over while waiting, whose clock starts when the announcement arrives (one network hop
+late; the hand-over grants only a short claim window, confirmed at once by a renewal whose
+send time then restarts the clock exactly). The fencing token is what protects resources
+against that hop and against every pause.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, final
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from typing import TYPE_CHECKING, Any, final
 
 if TYPE_CHECKING:
     from ._scripts import EncodableArg, Script
+
+__all__ = ("Hold", "HoldState", "Lease", "LostCallback")
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -30,7 +37,177 @@ class HoldState(enum.Enum):
     LOST = "lost"
 
 
-LostCallback = Callable[["Lease"], object]
+LostCallback = Callable[["Lease"], object] | Callable[["Lease"], Awaitable[object]]
+RenewCall = tuple["Script", tuple["str | bytes", ...], tuple["EncodableArg", ...]]
+
+
+@final
+class Hold:
+    """The internal record of one held lock (see the module docstring).
+
+    ``entries`` are the ids of the re-entries on top of the first acquisition, innermost last:
+    the hold count is ``1 + len(entries)``.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_loss_cancelled",
+        "_lost_event",
+        "auto_renew",
+        "confirm",
+        "entries",
+        "expires_at",
+        "fencing_token",
+        "guards",
+        "key",
+        "lease",
+        "loop",
+        "lost_reason",
+        "name",
+        "next_entry",
+        "on_lost",
+        "owner",
+        "pending",
+        "renew_at",
+        "renew_call",
+        "spawn",
+        "state",
+        "task",
+        "task_callback",
+        "view",
+    )
+
+    def __init__(
+        self,
+        *,
+        key: Hashable,
+        name: str,
+        owner: str,
+        fencing_token: int,
+        lease: float,
+        auto_renew: bool,
+        expires_at: float,
+        task: asyncio.Task[Any],
+        renew_call: Callable[[str, float], RenewCall],
+        on_lost: LostCallback | None,
+        spawn: Callable[[Coroutine[Any, Any, Any]], object],
+        confirm: bool = False,
+    ) -> None:
+        self.key = key
+        self.name = name
+        self.owner = owner
+        self.fencing_token = fencing_token
+        self.lease = lease
+        self.auto_renew = auto_renew
+        self.loop = asyncio.get_running_loop()
+        self.expires_at = expires_at
+        # A hand-over grants a claim window only: the first renewal (the confirmation) is due now.
+        self.confirm = confirm
+        self.renew_at = self.loop.time() if confirm else expires_at - lease * 2 / 3
+        self.renew_call = renew_call
+        self.state = HoldState.HELD
+        self.task = task
+        self.task_callback: Callable[[asyncio.Task[Any]], object] | None = None
+        self.entries: list[str] = []
+        self.next_entry = 0
+        self.on_lost = on_lost
+        self.spawn = spawn
+        self.pending: asyncio.Future[None] | None = None  # a release in flight
+        self.lost_reason = ""
+        self.guards: dict[asyncio.Task[Any], int] = {}
+        self.view = Lease(self)
+        self._lost_event: asyncio.Event | None = None
+        self._loss_cancelled: set[asyncio.Task[Any]] = set()
+
+    # -- views ---------------------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        """How many times the holding task has entered the lock."""
+        return 1 + len(self.entries)
+
+    @property
+    def live(self) -> bool:
+        """Held or being released: the lease must be kept alive (and may be renewed)."""
+        return self.state is HoldState.HELD or self.state is HoldState.RELEASING
+
+    def remaining(self) -> float:
+        """Seconds the lease is known to last from now (0 when over or not held)."""
+        if not self.live:
+            return 0.0
+        return max(0.0, self.expires_at - self.loop.time())
+
+    @property
+    def wants_renewal(self) -> bool:
+        """Whether the keeper renews this hold (auto-renewed, or a hand-over to confirm)."""
+        return self.auto_renew or self.confirm
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    def new_entry(self) -> str:
+        """A fresh entry id for a re-entry (never reused within this hold)."""
+        self.next_entry += 1
+        return str(self.next_entry)
+
+    def renewed(self, sent_at: float, lease: float | None = None) -> None:
+        """The server set the lease to ``lease`` (default: the hold's) by a command sent at
+        ``sent_at``."""
+        if lease is not None:
+            self.lease = lease
+        self.confirm = False
+        self.expires_at = sent_at + self.lease
+        self.renew_at = sent_at + self.lease / 3 if self.auto_renew else self.expires_at
+
+    def server_ttl(self, sent_at: float, ttl: float) -> None:
+        """The server reported ``ttl`` seconds left, in reply to a command sent at ``sent_at``."""
+        self.expires_at = sent_at + ttl
+        if self.expires_at < self.renew_at:
+            self.renew_at = sent_at  # renew now: the hold's clock runs shorter than thought
+
+    def mark_lost(self, reason: str) -> bool:
+        """The lease ended while held: signal it once (event, guarded blocks, ``on_lost``).
+
+        Returns ``False`` when the hold was not live (nothing signalled).
+        """
+        if not self.live:
+            return False
+        self.state = HoldState.LOST
+        self.lost_reason = reason
+        if self._lost_event is not None:
+            self._lost_event.set()
+        logger.warning("lease on %r lost: %s", self.name, reason)
+        for task in self.guards:
+            if not task.done():
+                self._loss_cancelled.add(task)
+                task.cancel(f"lease on {self.name!r} lost: {reason}")
+        if self.on_lost is not None:
+            try:
+                result = self.on_lost(self.view)
+            except Exception:
+                logger.exception("on_lost callback for %r failed", self.name)
+            else:
+                if inspect.isawaitable(result):
+                    self.spawn(_report_failure(result, self.name))
+        return True
+
+    def cancelled_by_loss(self, task: asyncio.Task[Any]) -> bool:
+        """Whether :meth:`mark_lost` cancelled ``task`` (a guarded block)."""
+        return task in self._loss_cancelled
+
+    async def wait_lost(self) -> None:
+        """Return when the lease is lost."""
+        if self.state is HoldState.LOST:
+            return
+        if self._lost_event is None:
+            self._lost_event = asyncio.Event()
+        await self._lost_event.wait()
+
+
+async def _report_failure(awaitable: Awaitable[object], name: str) -> None:
+    try:
+        await awaitable
+    except Exception:
+        logger.exception("on_lost callback for %r failed", name)
 
 
 @final
@@ -38,119 +215,74 @@ class Lease:
     """A held lock: its name, its fencing token, and how long it is known to last.
 
     ``fencing_token`` increases strictly with every fresh acquisition of a name (re-entering
-    keeps it), also across expiries, so a resource that remembers the highest token it has seen
-    can reject writes from a holder whose lease ended while it was paused::
+    keeps it) — also after the lock expired, after a server restart without persistence, and
+    after a failover, within the servers' clock skew — so a resource that remembers the highest
+    token it has seen can reject writes from a holder whose lease ended while it was paused::
 
         async with Lock(client, "orders:42") as lease:
             await store.write(order, fence=lease.fencing_token)
 
     ``lost`` turns true (and :meth:`wait_lost` returns, and the lock's ``on_lost`` callback runs)
-    when renewal finds the lease gone or cannot renew it before it ends.
+    when renewal finds the lease gone or cannot renew it before it ends. A ``Lease`` is a
+    read-only view; it stays valid (and keeps its last values) after the hold ends.
     """
 
-    __slots__ = (
-        "_count",
-        "_done_callback",
-        "_expires_at",
-        "_guarded",
-        "_loop",
-        "_lost_event",
-        "_lost_reason",
-        "_on_lost",
-        "_owner",
-        "_renew_at",
-        "_renew_call",
-        "_state",
-        "_task",
-        "auto_renew",
-        "fencing_token",
-        "lease",
-        "name",
-    )
+    __slots__ = ("_hold",)
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        fencing_token: int,
-        lease: float,
-        auto_renew: bool,
-        owner: str,
-        count: int,
-        expires_at: float,
-        task: asyncio.Task[object],
-        renew_call: tuple[Script, tuple[str, ...], tuple[EncodableArg, ...]],
-        on_lost: LostCallback | None,
-    ) -> None:
-        self.name = name
-        self.fencing_token = fencing_token
-        self.lease = lease
-        self.auto_renew = auto_renew
-        self._owner = owner
-        self._count = count
-        self._loop = asyncio.get_running_loop()
-        self._expires_at = expires_at
-        self._renew_at = expires_at - lease * 2 / 3 if auto_renew else expires_at
-        self._state = HoldState.HELD
-        self._task = task
-        self._renew_call = renew_call
-        self._on_lost = on_lost
-        self._lost_event = asyncio.Event()
-        self._lost_reason = ""
-        self._guarded: set[asyncio.Task[object]] = set()
-        self._done_callback: Callable[[asyncio.Task[object]], object] | None = None
+    def __init__(self, hold: Hold) -> None:
+        self._hold = hold
+
+    @property
+    def name(self) -> str:
+        """The lock's name."""
+        return self._hold.name
+
+    @property
+    def fencing_token(self) -> int:
+        """The fencing token of this acquisition."""
+        return self._hold.fencing_token
+
+    @property
+    def lease(self) -> float:
+        """The lease length in seconds the server keeps (re)setting for this hold."""
+        return self._hold.lease
+
+    @property
+    def auto_renew(self) -> bool:
+        """Whether the lease is renewed while held."""
+        return self._hold.auto_renew
 
     @property
     def state(self) -> HoldState:
         """The hold's state: held, releasing, released, or lost."""
-        return self._state
+        return self._hold.state
 
     @property
     def hold_count(self) -> int:
-        """How many times the holding task has entered the lock (as of the last reply)."""
-        return self._count
+        """How many times the holding task has entered the lock."""
+        return self._hold.count
 
     @property
     def lost(self) -> bool:
         """``True`` once the lease is known to have ended while held."""
-        return self._state is HoldState.LOST
+        return self._hold.state is HoldState.LOST
 
     @property
     def lost_reason(self) -> str:
         """Why the lease was lost (empty while it is not)."""
-        return self._lost_reason
+        return self._hold.lost_reason
 
     def remaining(self) -> float:
         """Seconds the lease is known to last from now (a local estimate; 0 when over)."""
-        if self._state is not HoldState.HELD:
-            return 0.0
-        return max(0.0, self._expires_at - self._loop.time())
+        return self._hold.remaining()
 
     async def wait_lost(self) -> None:
         """Return when the lease is lost (never, if it is released first)."""
-        await self._lost_event.wait()
-
-    def _renewed(self, sent_at: float) -> None:
-        self._expires_at = sent_at + self.lease
-        self._renew_at = sent_at + self.lease / 3
-
-    def _mark_lost(self, reason: str) -> None:
-        if self._state is not HoldState.HELD:
-            return
-        self._state = HoldState.LOST
-        self._lost_reason = reason
-        self._lost_event.set()
-        logger.warning("lease on %r lost: %s", self.name, reason)
-        for task in self._guarded:
-            task.cancel(f"lease on {self.name!r} lost: {reason}")
-        if self._on_lost is not None:
-            try:
-                self._on_lost(self)
-            except Exception:
-                logger.exception("on_lost callback for %r failed", self.name)
+        await self._hold.wait_lost()
 
     def __repr__(self) -> str:
+        hold = self._hold
         return (
-            f"<Lease {self.name!r} token={self.fencing_token} {self._state.value} "
-            f"count={self._count} remaining={self.remaining():.3f}s>"
+            f"<Lease {hold.name!r} token={hold.fencing_token} {hold.state.value} "
+            f"count={hold.count} remaining={hold.remaining():.3f}s>"
         )

@@ -1,37 +1,92 @@
-"""``Lock``: a reentrant distributed lock with direct handover and pub/sub wake-up.
+"""``Lock``: a reentrant distributed lock with direct hand-over and pub/sub wake-up.
 
-Layout in Redis (see ``_keys``): the lock is a hash under its own name with fields ``owner``
-(the owner id of the current acquisition), ``count`` (re-entries) and ``token`` (the fencing
-token), expiring with the lease. ``{name}:fence`` counts fencing tokens and never expires, so
-tokens keep increasing after the lock key itself expired. ``{name}:waiters`` and
-``{name}:waiter-info`` list the registered waiters (one per process per name: the head of
-that process's local queue) with their registration deadlines.
+Layout in Redis (see ``_keys`` and the contracts in ``lua/lock_*.lua``): the lock is a hash under
+its own name with fields ``owner`` (the owner id of the current acquisition), ``token`` (its
+fencing token) and one ``e:<id>`` field per re-entry, expiring with the lease. Three auxiliary
+keys carry the rest and expire by themselves: ``meta`` (the fencing counter and the waiters'
+registrations), ``queue`` (registered waiters by arrival) and ``done`` (owners whose hold ended,
+so that re-sent commands are recognised).
 
 Why it is safe: acquisition, re-entry, release and renewal are single scripts that check the
 owner id, so a holder whose lease ended can never release or renew someone else's hold; the
 release hands the lock to the oldest waiter whose registration is still live (server time)
-inside the same script, so a handover cannot race with a newcomer. Where it is not: like every
+inside the same script, so a hand-over cannot race with a newcomer; every script is idempotent,
+so redis-py's retry after a lost reply never counts twice. Where it is not: like every
 lease-based lock it is an *efficiency* lock for a holder paused longer than its lease (GC, VM
-freeze, SIGSTOP): the lease ends and another task acquires it while the paused holder still
-believes it holds it. Pass ``lease.fencing_token`` to the protected resource and have it reject
+freeze, SIGSTOP): pass ``lease.fencing_token`` to the protected resource and have it reject
 lower tokens when correctness matters.
 
-Handover is first come, first served across processes (in order of registration), but a task
-arriving while the lock is free takes it at once, ahead of waiters that have not yet noticed an
-expiry: use ``FairLock`` for strict FIFO.
+Hand-over is first come, first served across processes (in order of registration, one
+registered waiter per process), but a task arriving while the lock is free takes it at once,
+ahead of waiters that have not yet noticed an expiry: use ``FairLock`` for strict FIFO.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, final
+from typing import Any, Final, final
 
-from ._base import LockBase
-from ._scripts import LOCK_EXTEND, AcquireReply, lock_acquire, lock_release, lock_settle
+from ._core import LockBase, Policy, Reply
+from ._lease import RenewCall
+from ._scripts import Script
+from ._validation import to_ms
 
-if TYPE_CHECKING:
-    from ._scripts import EncodableArg, Script
+__all__ = ("Lock", "LockPolicy")
 
-__all__ = ("Lock",)
+LOCK_ACQUIRE: Final = Script("lock_acquire.lua")
+LOCK_REENTER: Final = Script("lock_reenter.lua")
+LOCK_RELEASE: Final = Script("lock_release.lua")
+LOCK_RENEW: Final = Script("lock_renew.lua")
+SCRIPTS: Final = (LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW)
+
+
+def _reply(raw: object, length: int) -> list[int]:
+    if not isinstance(raw, list) or len(raw) != length:
+        raise ValueError(f"unexpected script reply {raw!r}")
+    return [int(item) for item in raw]
+
+
+@final
+class LockPolicy(Policy):
+    """The ``Lock`` policy: head-only admission, counted re-entry (see the module docstring)."""
+
+    kind = "lock"
+    __slots__ = ()
+
+    async def attempt(
+        self, client: Any, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int
+    ) -> Reply:
+        """``lock_acquire.lua`` in mode "wait" or "try"."""
+        raw = await LOCK_ACQUIRE.run(
+            client,
+            self.keys.script_keys,
+            (owner, lease_ms, "wait" if wait else "try", grace_ms, claim_ms),
+        )
+        return Reply(*_reply(raw, 4))
+
+    async def reenter(self, client: Any, owner: str, entry: str, lease_ms: int) -> Reply:
+        """``lock_reenter.lua``."""
+        raw = await LOCK_REENTER.run(client, (self.keys.name,), (owner, entry, lease_ms))
+        return Reply(*_reply(raw, 4))
+
+    async def release(
+        self, client: Any, owner: str, mode: str, entry: str, sharded: bool
+    ) -> tuple[int, int]:
+        """``lock_release.lua``."""
+        raw = await LOCK_RELEASE.run(
+            client,
+            self.keys.script_keys,
+            (owner, mode, entry, self.keys.channel, "1" if sharded else "0"),
+        )
+        status, detail = _reply(raw, 2)
+        return status, detail
+
+    def renew_call(self, owner: str, lease: float) -> RenewCall:
+        """``lock_renew.lua`` (pipelined by the keeper)."""
+        return LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease))
+
+    async def locked(self, client: Any) -> bool:
+        """The lock hash exists."""
+        return bool(await client.exists(self.keys.name))
 
 
 @final
@@ -45,28 +100,17 @@ class Lock(LockBase):
             await write(order, fence=lease.fencing_token)
 
     One ``Lock`` object may be shared by many tasks: they exclude each other, and a task that
-    holds the lock re-enters it (release once per acquire). The lease (default 30 s) is renewed
-    every third of its length by a background task while the lock is held (``auto_renew``);
-    if it cannot be renewed before it ends it is *lost*: ``release()`` raises
-    :class:`LockLostError`, ``on_lost(lease)`` is called, ``lease.lost`` turns true, and a
-    block entered with :meth:`guarded` is cancelled. A waiting task sleeps until the holder
-    releases (the release hands it the lock directly) or, at the latest, until the holder's
-    lease would end. Cancelling a task anywhere in ``acquire`` or ``release`` never leaves a
-    ghost holder behind.
+    holds the lock re-enters it (release once per acquire), also through another ``Lock``
+    object of the same client. The lease (default 30 s) is renewed every third of its length
+    while the lock is held (``auto_renew``); if it cannot be renewed before it ends it is
+    *lost*: ``release()`` raises :class:`LockLostError`, ``on_lost(lease)`` is called (or
+    awaited), ``lease.lost`` turns true, and a block entered with :meth:`guarded` is cancelled.
+    A waiting task sleeps until the holder releases (the release hands it the lock directly)
+    or, at the latest, until the holder's lease would end. A waiter that was handed the lock
+    confirms it within ``claim_timeout`` (default 2 s) — a waiting process that died therefore
+    delays the next waiter by at most that. Cancelling a task anywhere in ``acquire`` or
+    ``release`` never leaves a ghost holder behind.
     """
 
+    _policy_class = LockPolicy
     __slots__ = ()
-
-    async def _attempt(self, owner: str, lease_ms: int, mode: str, grace_ms: int) -> AcquireReply:
-        return await lock_acquire(self._redis, self._keys, owner, lease_ms, mode, grace_ms)
-
-    async def _release_script(self, owner: str, mode: str) -> tuple[int, int]:
-        return await lock_release(self._redis, self._keys, owner, mode, sharded=False)
-
-    async def _settle_script(self, owner: str, expected: int) -> int:
-        return await lock_settle(self._redis, self._keys, owner, expected)
-
-    def _renew_call(
-        self, owner: str, lease_ms: int
-    ) -> tuple[Script, tuple[str, ...], tuple[EncodableArg, ...]]:
-        return LOCK_EXTEND, (self._keys.name,), (owner, lease_ms)

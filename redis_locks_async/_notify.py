@@ -1,108 +1,56 @@
-"""The shared pub/sub listener and the local wait queues: how waiting avoids polling.
+"""The subscription hub: one pub/sub connection per node serves every waiting lock of a runtime.
 
-One :class:`Notifier` per client and event loop owns one pub/sub connection. Every lock name
-with local waiters has one subscribed channel and one FIFO queue of :class:`Waiter` objects
-(like trio's ParkingLot): only the head of a queue talks to Redis, the others sleep until they
-reach the head, so a release costs one Redis attempt per process, never a herd.
+Each lock channel with local waiters has one :class:`~._parking.ParkingLot`; the hub keeps the
+channel subscribed while its lot exists (reference-counted by the lot's waiters, lingering a
+couple of seconds after the last one leaves, so a lock contended again soon costs no
+SUBSCRIBE/UNSUBSCRIBE per wait) and routes every announcement to the lot.
 
-The order that makes it safe: the head of a queue subscribes the channel (and waits for the
-subscription to be *confirmed*) before its registering attempt, so no release can slip between
-a failed attempt and the subscription. Waiters behind the head do nothing until they reach it,
-so 10,000 waiting tasks cost one connection and no commands. The head then sleeps until one of:
+The order that makes waiting safe: a waiter subscribes the channel and waits for the server's
+*confirmation* before its registering attempt, so no release can slip between a failed attempt
+and the subscription. Callers never send pub/sub commands themselves: subscriptions are sent
+by the hub's tasks, and a caller only waits — bounded by its own deadline — for its channel's
+confirmation, so a hung connection can never hang an ``acquire(timeout=…)``.
 
-* a handover announcement naming its owner id: it already holds the lock (no round trip);
-* a plain release announcement, or the channel was re-subscribed after the connection dropped
-  (messages may have been lost): it re-checks;
-* its sleep bound — the holder's remaining lease — ran out (expiry publishes nothing): it
-  re-checks.
+The listener task owns the connection's life:
 
-Channels are reference-counted by their queues: the last waiter to leave unsubscribes, after
-a short linger (so a lock contended again soon costs no SUBSCRIBE/UNSUBSCRIBE per wait). The
-listener task exists only while some channel is subscribed.
+* **Reconnect.** Any error on the connection closes it; the listener opens a new one, subscribes
+  every channel again, and, as each confirmation arrives, every active waiter of that channel
+  re-checks (announcements may have been lost while it was down). Re-subscriptions redis-py
+  makes by itself are confirmed the same way and trigger the same re-check.
+* **Health check.** A connection can die *silently* (half-open TCP: a NAT or a proxy dropped it,
+  a peer vanished): nothing arrives, and nothing fails. When the connection has been quiet for
+  :data:`PING_AFTER` seconds the listener sends a ``PING``; if nothing at all arrives within
+  :data:`PING_TIMEOUT` seconds after it, the connection is declared dead and handled like any
+  other error. Idle cost: one ``PING`` per :data:`PING_AFTER` seconds per connection, and only
+  while some task waits.
+
+``sharded=True`` (Redis Cluster) uses ``SSUBSCRIBE``/``SUNSUBSCRIBE``; a server-sent
+``sunsubscribe`` for a channel still wanted (its slot moved) subscribes it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, final
+from typing import Any, Final, final
 
-from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
 from ._errors import LockError
+from ._parking import ParkingLot, decode
+
+__all__ = ("PING_AFTER", "PING_TIMEOUT", "SubscriptionHub")
 
 logger = logging.getLogger("redis_locks_async")
 
-_RECONNECT_BACKOFF = (0.05, 0.1, 0.2, 0.4)
-_LINGER = 2.0  # seconds a channel stays subscribed after its last local waiter left
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """A handover announced to a waiter: it now holds the lock."""
-
-    token: int
-    lease_ms: int
-    received_at: float
-
-
-@final
-class Waiter:
-    """One task waiting for one lock in this process."""
-
-    __slots__ = ("_loop", "_signal", "grant", "owner", "turn")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.owner = ""
-        self.turn: asyncio.Future[None] = loop.create_future()
-        self.grant: Grant | None = None
-        self._signal: asyncio.Future[None] = loop.create_future()
-
-    def signal(self) -> None:
-        """Wake the waiter (news for the head: a handover or a reason to re-check)."""
-        if not self._signal.done():
-            self._signal.set_result(None)
-
-    def reset_signal(self) -> None:
-        """Forget earlier wake-ups; called just before each attempt, so none is missed."""
-        if self._signal.done():  # also when a cancelled sleep cancelled it
-            self._signal = self._loop.create_future()
-
-    async def sleep(self, timeout: float | None) -> None:
-        """Sleep until signalled or ``timeout`` seconds passed (``None``: until signalled).
-
-        The task awaits the signal future itself (a timer signals it on time-out), so a
-        handover wakes it in the very next loop iteration: this is the handoff's hot path.
-        """
-        if timeout is not None and timeout <= 0:
-            return
-        timer = None if timeout is None else self._loop.call_later(timeout, self.signal)
-        try:
-            await self._signal
-        finally:
-            if timer is not None:
-                timer.cancel()
-
-
-@final
-class _Channel:
-    __slots__ = ("by_owner", "confirmed", "linger", "queue")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.queue: deque[Waiter] = deque()
-        self.by_owner: dict[str, Waiter] = {}
-        self.confirmed: asyncio.Future[None] | None = None  # set once subscription is asked
-        self.linger: asyncio.TimerHandle | None = None  # unsubscribes when nobody came back
-
-    def recheck(self) -> None:
-        if self.queue:
-            self.queue[0].signal()
+PING_AFTER: Final = 3.0  # seconds of silence before the listener pings
+PING_TIMEOUT: Final = 2.0  # seconds a ping may go unanswered before the connection is dead
+_READ_SLICE: Final = 1.0  # the listener wakes at least this often to check the connection
+_SEND_TIMEOUT: Final = 3.0  # seconds a (re)subscription may take to be sent
+_LINGER: Final = 2.0  # seconds a channel stays subscribed after its last local waiter left
+_RECONNECT_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
+_PING_TEXT: Final = "redis-locks-async"
 
 
 def _text(value: object) -> str:
@@ -110,223 +58,296 @@ def _text(value: object) -> str:
 
 
 @final
-class Notifier:
-    """Multiplexes every waiting lock of one client over one pub/sub connection."""
+class _Channel:
+    __slots__ = ("asked_at", "confirmed", "lot")
+
+    def __init__(self, lot: ParkingLot, loop: asyncio.AbstractEventLoop) -> None:
+        self.lot = lot
+        self.confirmed: asyncio.Future[None] = loop.create_future()
+        self.asked_at: float | None = None  # when the pending subscription was sent
+
+
+@final
+class SubscriptionHub:
+    """Multiplexes every waiting lock of one runtime over one pub/sub connection."""
 
     def __init__(
         self,
-        make_pubsub: Callable[[], PubSub],
+        make_pubsub: Callable[[], Any],
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+        *,
+        sharded: bool = False,
     ) -> None:
         self._make_pubsub = make_pubsub
         self._spawn = spawn
-        self._pubsub: PubSub | None = None
+        self._sharded = sharded
+        self._loop = asyncio.get_running_loop()
         self._channels: dict[str, _Channel] = {}
+        self._pubsub: Any = None
         self._listener: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
-        self._emptied: asyncio.Future[None] | None = None
         self._closing = False
+        self._generation = 0  # bumped on every reset: a stale send does not reset a new one
+        self._emptied: asyncio.Future[None] | None = None
         self.reconnects = 0
+
+    # -- the lots ------------------------------------------------------------------------------
 
     @property
     def waiting(self) -> int:
         """How many local waiters are queued, over all channels."""
-        return sum(len(entry.queue) for entry in self._channels.values())
+        return sum(len(entry.lot) for entry in self._channels.values())
 
-    def queued(self, channel: str) -> int:
+    def waiters(self, channel: str) -> int:
         """How many local waiters are queued on ``channel``."""
         entry = self._channels.get(channel)
-        return len(entry.queue) if entry else 0
+        return len(entry.lot) if entry is not None else 0
 
-    def enqueue(self, channel: str, waiter: Waiter) -> None:
-        """Queue ``waiter`` on ``channel`` (its ``turn`` resolves when it is at the head).
+    def lots(self) -> list[ParkingLot]:
+        """Every parking lot (one per subscribed channel)."""
+        return [entry.lot for entry in self._channels.values()]
 
-        The caller must call :meth:`leave` afterwards, whatever happens (also on error).
+    def lot(self, channel: str, active: int = 1) -> ParkingLot:
+        """The parking lot of ``channel``, created (and its subscription started) if needed.
+
+        The caller must :meth:`done_with` it when its waiter left.
         """
         entry = self._channels.get(channel)
         if entry is None:
-            entry = self._channels[channel] = _Channel(waiter._loop)
-        elif entry.linger is not None:
-            entry.linger.cancel()
-            entry.linger = None
-        entry.queue.append(waiter)
-        if len(entry.queue) == 1:
-            waiter.turn.set_result(None)
+            if self._closing:
+                raise LockError("the redis client was closed; create a new client to use locks")
+            entry = self._channels[channel] = _Channel(ParkingLot(active), self._loop)
+            self._request(self._subscribe_one(channel))
+        elif entry.lot.linger is not None:
+            entry.lot.linger.cancel()
+            entry.lot.linger = None
+        return entry.lot
 
-    def subscribed(self, channel: str) -> bool:
-        """Whether ``channel``'s subscription has been requested (and has not failed)."""
+    def done_with(self, channel: str) -> None:
+        """A waiter left ``channel``'s lot: unsubscribe (after a linger) once the lot is empty."""
         entry = self._channels.get(channel)
-        return entry is not None and entry.confirmed is not None
-
-    async def subscribe(self, channel: str) -> None:
-        """Make sure ``channel`` is subscribed; return once the server confirmed it.
-
-        Only a queued waiter may call this; the subscription lasts while the queue is not empty.
-        """
-        entry = self._channels[channel]
-        if entry.confirmed is None:
-            entry.confirmed = entry.queue[0]._loop.create_future()
-            try:
-                await self._subscribe(channel)
-            except BaseException as exc:
-                confirmed, entry.confirmed = entry.confirmed, None
-                if not confirmed.done():
-                    confirmed.set_exception(LockError(f"cannot subscribe to {channel!r}: {exc}"))
-                    confirmed.exception()  # retrieved: no "never retrieved" warning
-                raise
-        await asyncio.shield(entry.confirmed)
-
-    def expect(self, channel: str, waiter: Waiter, owner: str) -> None:
-        """Route handover announcements for ``owner`` on ``channel`` to ``waiter``."""
-        entry = self._channels.get(channel)
-        if entry is not None:
-            waiter.owner = owner
-            entry.by_owner[owner] = waiter
-
-    def leave(self, channel: str, waiter: Waiter) -> None:
-        """Take ``waiter`` off its queue (synchronous: safe in ``finally`` and on cancel)."""
-        entry = self._channels.get(channel)
-        if entry is None:
-            return
-        if entry.by_owner.get(waiter.owner) is waiter:
-            del entry.by_owner[waiter.owner]
-        was_head = bool(entry.queue) and entry.queue[0] is waiter
-        try:
-            entry.queue.remove(waiter)
-        except ValueError:
-            return
-        if entry.queue:
-            if was_head:
-                entry.queue[0].turn.set_result(None)
-            return
-        if entry.confirmed is not None and not self._closing:
-            # Keep the subscription a moment: a lock that is contended again soon (the common
-            # case) then costs no SUBSCRIBE/UNSUBSCRIBE round trips per wait.
-            entry.linger = waiter._loop.call_later(_LINGER, self._expire, channel, entry)
-        else:
-            self._drop(channel, entry)
         if self._emptied is not None and not self._emptied.done() and not self.waiting:
             self._emptied.set_result(None)
+        if entry is None or len(entry.lot) or entry.lot.linger is not None:
+            return
+        if self._closing:
+            self._drop(channel)
+        else:
+            entry.lot.linger = self._loop.call_later(_LINGER, self._expire, channel, entry)
 
     def _expire(self, channel: str, entry: _Channel) -> None:
-        if self._channels.get(channel) is entry and not entry.queue:
-            self._drop(channel, entry)
+        if self._channels.get(channel) is entry and not len(entry.lot):
+            self._drop(channel)
 
-    def _drop(self, channel: str, entry: _Channel) -> None:
-        del self._channels[channel]
-        if entry.linger is not None:
-            entry.linger.cancel()
-            entry.linger = None
-        if entry.confirmed is not None:
-            self._spawn(self._unsubscribe(channel))
+    def _drop(self, channel: str) -> None:
+        entry = self._channels.pop(channel)
+        if entry.lot.linger is not None:
+            entry.lot.linger.cancel()
+            entry.lot.linger = None
+        if not entry.confirmed.done():
+            entry.confirmed.cancel()
+        if not self._closing:
+            self._request(self._unsubscribe_one(channel))
 
-    async def _subscribe(self, channel: str) -> None:
-        async with self._send_lock:
-            if self._pubsub is None:
-                self._pubsub = self._make_pubsub()
-            try:
-                await self._pubsub.subscribe(channel)
-            except RedisError as exc:
-                raise LockError(f"cannot subscribe to {channel!r}: {exc}") from exc
+    async def subscribed(self, channel: str, deadline: float | None) -> bool:
+        """Wait until ``channel`` is subscribed (the server confirmed it): ``True``, or
+        ``False`` when loop time ``deadline`` passed first. The channel's lot must exist."""
+        confirmed = self._channels[channel].confirmed
+        if confirmed.done():
+            return True
+        timeout = None if deadline is None else max(0.0, deadline - self._loop.time())
+        await asyncio.wait((confirmed,), timeout=timeout)
+        if self._closing:
+            raise LockError("the redis client was closed; create a new client to use locks")
+        return confirmed.done()
+
+    def is_subscribed(self, channel: str) -> bool:
+        """Whether ``channel``'s subscription is confirmed right now."""
+        entry = self._channels.get(channel)
+        return entry is not None and entry.confirmed.done()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _request(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._spawn(coro)
         if self._listener is None or self._listener.done():
             self._listener = self._spawn(self._listen())
 
-    async def _unsubscribe(self, channel: str) -> None:
+    async def _send(self, command: str, *channels: str) -> None:
+        """Send a (un)subscription on the current connection; on failure, reset it."""
         async with self._send_lock:
-            if channel in self._channels or self._pubsub is None:
-                return  # wanted again meanwhile
+            pubsub, generation = self._pubsub, self._generation
+            if pubsub is None or not channels:
+                return  # the listener subscribes everything when it connects
+            self._asked(channels)
             try:
-                await self._pubsub.unsubscribe(channel)
-            except RedisError as exc:
-                logger.debug("unsubscribe %r failed: %s", channel, exc)
+                await asyncio.wait_for(getattr(pubsub, command)(*channels), _SEND_TIMEOUT)
+            except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                logger.info("pub/sub %s failed: %r", command, exc)
+                if generation == self._generation:
+                    await self._reset(f"{command} failed: {exc!r}")
+
+    def _asked(self, channels: tuple[str, ...] | list[str]) -> None:
+        now = self._loop.time()
+        for channel in channels:
+            entry = self._channels.get(channel)
+            if entry is not None and not entry.confirmed.done():
+                entry.asked_at = now
+
+    def _overdue(self, now: float) -> bool:
+        """A subscription sent more than PING_TIMEOUT ago is still unconfirmed."""
+        return any(
+            entry.asked_at is not None
+            and not entry.confirmed.done()
+            and now - entry.asked_at > PING_TIMEOUT
+            for entry in self._channels.values()
+        )
+
+    async def _subscribe_one(self, channel: str) -> None:
+        if channel in self._channels:
+            await self._send("ssubscribe" if self._sharded else "subscribe", channel)
+
+    async def _unsubscribe_one(self, channel: str) -> None:
+        if channel not in self._channels:
+            await self._send("sunsubscribe" if self._sharded else "unsubscribe", channel)
+
+    async def _reset(self, reason: str) -> None:
+        """Drop the connection: every channel waits for a new confirmation; the listener
+        reconnects."""
+        if self._pubsub is None:
+            return
+        self._generation += 1
+        self.reconnects += 1
+        pubsub, self._pubsub = self._pubsub, None
+        logger.warning("pub/sub connection dropped (%s); reconnecting", reason)
+        for entry in self._channels.values():
+            entry.asked_at = None
+            if entry.confirmed.done():
+                entry.confirmed = self._loop.create_future()
+        self._spawn(_close_quietly(pubsub))
+
+    # -- listening -----------------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        """Open a connection and subscribe every channel on it (channels added meanwhile are
+        sent by their own requests, which wait for the send lock)."""
+        async with self._send_lock:
+            pubsub = self._make_pubsub()
+            channels = list(self._channels)
+            command = "ssubscribe" if self._sharded else "subscribe"
+            self._asked(channels)
+            try:
+                await asyncio.wait_for(getattr(pubsub, command)(*channels), _SEND_TIMEOUT)
+            except BaseException:
+                self._spawn(_close_quietly(pubsub))
+                raise
+            self._pubsub = pubsub
 
     async def _listen(self) -> None:
-        pubsub = self._pubsub
-        assert pubsub is not None
+        loop = self._loop
         failures = 0
-        while self._channels:
+        last_rx = loop.time()
+        ping_sent: float | None = None
+        while self._channels and not self._closing:
+            pubsub = self._pubsub
+            if pubsub is None:
+                try:
+                    await self._connect()
+                except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                    delay = _RECONNECT_BACKOFF[min(failures, len(_RECONNECT_BACKOFF) - 1)]
+                    failures += 1
+                    logger.info("pub/sub connect failed (%r); retrying in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                last_rx, ping_sent = loop.time(), None
+                continue
             try:
-                message = await pubsub.get_message(timeout=None)
-            except (RedisError, OSError) as exc:
-                # redis-py re-subscribes when it reconnects; confirmations trigger re-checks
-                delay = _RECONNECT_BACKOFF[min(failures, len(_RECONNECT_BACKOFF) - 1)]
-                failures += 1
-                self.reconnects += 1
-                logger.warning("pub/sub connection failed (%s); retrying in %.2fs", exc, delay)
-                for entry in self._channels.values():
-                    entry.recheck()
-                await asyncio.sleep(delay)
+                message = await asyncio.wait_for(
+                    pubsub.get_message(timeout=_READ_SLICE), _READ_SLICE + _SEND_TIMEOUT
+                )
+            except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                await self._reset(f"{exc!r}")
                 continue
-            failures = 0
-            if message is None:
+            now = loop.time()
+            if self._overdue(now):
+                await self._reset(f"a subscription went unconfirmed for {PING_TIMEOUT} s")
                 continue
-            try:
-                woke = self._dispatch(message)
-            except ValueError:  # not one of our announcements: never let it stop the wait
-                logger.warning("ignoring a malformed message: %r", message)
+            if message is not None:
+                failures = 0
+                last_rx, ping_sent = now, None
+                if self._dispatch(message):
+                    # Let the waiter that was just handed the lock run before this task goes
+                    # back into redis-py: the hand-over's latency is the waiter's, not ours.
+                    await asyncio.sleep(0)
                 continue
-            if woke:
-                # Let the woken waiter run before this task goes back into redis-py to read
-                # the next message: the handover's latency is the waiter's, not ours.
-                await asyncio.sleep(0)
+            if ping_sent is not None:
+                if now - ping_sent > PING_TIMEOUT:
+                    await self._reset(f"no answer to PING within {PING_TIMEOUT} s")
+                continue
+            if now - last_rx >= PING_AFTER:
+                ping_sent = now
+                try:
+                    await asyncio.wait_for(pubsub.ping(_PING_TEXT), _SEND_TIMEOUT)
+                except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                    await self._reset(f"PING failed: {exc!r}")
+        self._listener = None
 
     def _dispatch(self, message: dict[str, Any]) -> bool:
         """Act on one pub/sub message; ``True`` when it handed a lock to a local waiter."""
         kind = _text(message.get("type"))
-        entry = self._channels.get(_text(message.get("channel")))
+        channel = _text(message.get("channel"))
+        entry = self._channels.get(channel)
         if entry is None:
             return False
+        if kind in ("message", "smessage"):
+            return entry.lot.deliver(decode(message.get("data") or b""))
         if kind in ("subscribe", "ssubscribe"):
-            if entry.confirmed is None:
-                return False
             if entry.confirmed.done():
-                entry.recheck()  # re-subscribed after a reconnect: announcements may be lost
+                entry.lot.recheck_all()  # re-subscribed by redis-py: messages may be lost
             else:
                 entry.confirmed.set_result(None)
-        elif kind in ("message", "smessage"):
-            data = _text(message.get("data"))
-            if data.startswith("g:"):
-                _, owner, token, lease_ms = data.split(":")
-                waiter = entry.by_owner.get(owner)
-                if waiter is not None:
-                    loop = asyncio.get_running_loop()
-                    waiter.grant = Grant(int(token), int(lease_ms), loop.time())
-                    waiter.signal()
-                    return True
-            else:
-                entry.recheck()
+                entry.asked_at = None
+                entry.lot.recheck_all()
+        elif kind == "sunsubscribe" and self._sharded:
+            # the server dropped it (the slot moved): subscribe again where it lives now
+            entry.confirmed = self._loop.create_future()
+            self._request(self._subscribe_one(channel))
         return False
 
-    def wake_all(self) -> None:
-        """Wake every local waiter, heads and queued alike (the client is closing)."""
-        for entry in self._channels.values():
-            for waiter in entry.queue:
-                waiter.signal()
-                if not waiter.turn.done():
-                    waiter.turn.set_result(None)
+    # -- closing -------------------------------------------------------------------------------
 
     async def wait_empty(self, timeout: float) -> None:
         """Return once no waiter is queued, or after ``timeout`` seconds."""
         if self.waiting:
-            self._emptied = asyncio.get_running_loop().create_future()
+            self._emptied = self._loop.create_future()
             await asyncio.wait((self._emptied,), timeout=timeout)
 
-    @property
-    def listener(self) -> asyncio.Task[None] | None:
-        """The listener task, while there is one."""
-        return self._listener
+    def wake_all(self) -> None:
+        """Wake every local waiter (the runtime is closing)."""
+        for entry in self._channels.values():
+            entry.lot.wake_all()
 
     async def aclose(self) -> None:
         """Stop listening and close the pub/sub connection."""
         self._closing = True
         for entry in self._channels.values():
-            if entry.linger is not None:
-                entry.linger.cancel()
-        listener, self._listener = self._listener, None
+            if entry.lot.linger is not None:
+                entry.lot.linger.cancel()
+                entry.lot.linger = None
+            if not entry.confirmed.done():
+                entry.confirmed.cancel()
         self.wake_all()
+        listener, self._listener = self._listener, None
         if listener is not None:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
-        if self._pubsub is not None:
-            pubsub, self._pubsub = self._pubsub, None
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            await _close_quietly(pubsub)
+
+
+async def _close_quietly(pubsub: Any) -> None:
+    try:
+        await asyncio.wait_for(pubsub.aclose(), _SEND_TIMEOUT)
+    except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        logger.debug("closing a pub/sub connection failed: %r", exc)

@@ -1,16 +1,22 @@
-"""The lease keeper: one asyncio task per client renews every auto-renewed lease, in batches.
+"""The lease keeper: one asyncio task per runtime renews every auto-renewed lease, in batches.
 
-Each lease is due for renewal a third of the way into its lease. When the keeper wakes it
-renews, in one pipelined round trip, every lease due now or within the next sixth of its lease,
-so leases of the same length fall into step and 10,000 held locks cost one round trip per tick,
-not 10,000 timers. A renewal succeeds only if the owner id still holds the key (token-checked
-script); the reply "not held" means the lease is lost. A transient error (connection refused,
-timeout) is retried with a short back-off until the lease's local expiry passes; then the lease
-is lost. Leases without auto-renewal are tracked too, only to be marked lost when they expire.
+A hold is due for renewal a third of the way into its lease (``Hold.renew_at``). When the keeper
+wakes it renews every hold due now or within the next twelfth of its lease, in pipelines of at
+most :data:`BATCH` calls, so holds of the same length fall into step: 10,000 held locks cost ten
+round trips per tick, not 10,000 timers. A renewal succeeds only if the owner id still holds
+the key (a token-checked script); "not held" means the lease is **lost**. A transient error
+(connection refused, timeout, a demoted master) is retried with a growing back-off until the
+lease's local expiry passes; then the lease is lost. Every round trip is bounded by the earliest
+local expiry in its batch, so a silent network never keeps a lease "held" past its end.
 
-The keeper's task exists while some lease is tracked (and lingers a few seconds after the
-last one, so a client that keeps acquiring does not start a task per acquisition); it dies
-with the client.
+The keeper also confirms hand-overs (a lock handed to a waiting task is granted a short claim
+window; the confirmation is an ordinary renewal, due at once) and watches leases without
+auto-renewal, only to mark them lost when they expire. A hold that is no longer live (released,
+lost) is dropped the moment the keeper sees it: nothing spins on it.
+
+The keeper's task exists while some hold is tracked (and lingers a few seconds after the last
+one, so a client that keeps acquiring does not start a task per acquisition); it dies with the
+runtime.
 """
 
 from __future__ import annotations
@@ -19,154 +25,189 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Coroutine
-from typing import Any, final
+from typing import Any, Final, final
 
-from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ReadOnlyError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._lease import HoldState, Lease
+from ._lease import Hold
+
+__all__ = ("BATCH", "LeaseKeeper")
 
 logger = logging.getLogger("redis_locks_async")
 
-_RETRY_DELAY = 0.1
-_IDLE_LINGER = 10.0  # seconds the keeper task outlives its last lease
+BATCH: Final = 1000  # renewals per pipeline (one round trip)
+_BACKOFF: Final = (0.1, 0.2, 0.4, 0.8, 1.0)  # after a failed round trip
+_IDLE_LINGER: Final = 10.0  # seconds the keeper task outlives its last hold
+_MIN_BOUND: Final = 0.05  # the shortest time a renewal round trip is given
+
+_TRANSIENT: Final = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,
+    OSError,
+    TimeoutError,
+    asyncio.TimeoutError,
+)
 
 
-def _due_at(lease: Lease) -> float:
-    """When the keeper must look at ``lease`` (renewal, or expiry without auto-renewal)."""
-    return lease._renew_at - lease.lease / 6 if lease.auto_renew else lease._expires_at
+def _due_at(hold: Hold) -> float:
+    """When the keeper must look at ``hold``: a renewal (batched up to lease/12 early), a
+    confirmation (at once), or the expiry of a lease that is not renewed."""
+    if hold.confirm:
+        return hold.renew_at
+    if hold.auto_renew:
+        return hold.renew_at - hold.lease / 12
+    return hold.expires_at
 
 
 @final
 class LeaseKeeper:
-    """Renews the leases of one client."""
+    """Renews (and watches) the holds of one runtime."""
 
     def __init__(
         self,
-        client: Redis,
+        topology: Any,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
     ) -> None:
-        self._client = client
+        self._topology = topology
         self._spawn = spawn
-        self._leases: set[Lease] = set()
+        self._holds: set[Hold] = set()
         self._task: asyncio.Task[None] | None = None
         self._kick: asyncio.Future[None] | None = None
         self._wake_at: float | None = None  # when the sleeping keeper wakes by itself
+        self._failures = 0
         self.renewal_round_trips = 0
         self.renewals = 0
 
     def __len__(self) -> int:
-        return len(self._leases)
+        return len(self._holds)
 
     @property
     def task(self) -> asyncio.Task[None] | None:
         """The keeper's task, while there is one."""
         return self._task
 
-    def add(self, lease: Lease) -> None:
-        """Start keeping ``lease`` (renewing it, or watching it expire)."""
-        self._leases.add(lease)
+    def add(self, hold: Hold) -> None:
+        """Start keeping ``hold`` (renewing it, confirming it, or watching it expire)."""
+        self._holds.add(hold)
         if self._task is None or self._task.done():
             self._task = self._spawn(self._run())
-        elif self._wake_at is not None and _due_at(lease) < self._wake_at:
-            self._wake()
+        else:
+            self.reschedule(hold)
 
-    def discard(self, lease: Lease) -> None:
-        """Stop keeping ``lease`` (released or given up)."""
-        self._leases.discard(lease)
+    def reschedule(self, hold: Hold) -> None:
+        """``hold``'s schedule changed (a shorter lease, a confirmation): wake up in time."""
+        if self._wake_at is not None and _due_at(hold) < self._wake_at:
+            self._wake_at = None
+            if self._kick is not None and not self._kick.done():
+                self._kick.set_result(None)
 
-    def _wake(self) -> None:
-        if self._kick is not None and not self._kick.done():
-            self._kick.set_result(None)
+    def discard(self, hold: Hold) -> None:
+        """Stop keeping ``hold`` (released or lost)."""
+        self._holds.discard(hold)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._leases:
-                # Linger a while before exiting: a client that acquires again soon (the common
-                # case) does not pay for a new task on every acquisition.
+            if not self._holds:
+                # Linger before exiting: a client that acquires again soon (the common case)
+                # does not pay for a new task on every acquisition.
                 self._kick = loop.create_future()
-                self._wake_at = math.inf  # any new lease wakes the keeper at once
+                self._wake_at = math.inf  # any new hold wakes the keeper at once
                 await asyncio.wait((self._kick,), timeout=_IDLE_LINGER)
-                if not self._leases:
+                if not self._holds:
                     self._task = None
                     self._wake_at = None
                     return
             now = loop.time()
-            due: list[Lease] = []
-            expired: list[Lease] = []
-            next_at = None
-            for lease in self._leases:
-                due_at = _due_at(lease)
+            due: list[Hold] = []
+            next_at = math.inf
+            for hold in list(self._holds):
+                if not hold.live:
+                    self._holds.discard(hold)
+                    continue
+                due_at = _due_at(hold)
                 if due_at > now:
-                    next_at = due_at if next_at is None else min(next_at, due_at)
-                elif lease.auto_renew:
-                    due.append(lease)
+                    next_at = min(next_at, due_at)
+                elif hold.wants_renewal:
+                    due.append(hold)
                 else:
-                    expired.append(lease)
-            for lease in expired:
-                self._leases.discard(lease)
-                lease._mark_lost("the lease expired (auto_renew=False)")
+                    self._holds.discard(hold)
+                    hold.mark_lost("the lease expired (auto_renew=False)")
             if due:
-                await self._renew(due)
+                for start in range(0, len(due), BATCH):
+                    await self._renew(due[start : start + BATCH])
                 continue
-            if next_at is None:
+            if next_at == math.inf:
                 continue
             self._kick = loop.create_future()
             self._wake_at = next_at
             await asyncio.wait((self._kick,), timeout=max(0.0, next_at - now))
             self._wake_at = None
 
-    async def _renew(self, due: list[Lease]) -> None:
+    async def _renew(self, due: list[Hold]) -> None:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
-        pipe = self._client.pipeline(transaction=False)
-        for lease in due:
-            script, keys, args = lease._renew_call
+        client = self._topology.client
+        pipe = client.pipeline(transaction=False)
+        calls = []
+        for hold in due:
+            script, keys, args = call = hold.renew_call(hold.owner, hold.lease)
+            calls.append(call)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         self.renewal_round_trips += 1
-        # A silent network must not keep a lease "held" past its end: bound the round trip
-        # by the earliest local expiry and treat running out as a transient failure.
-        bound = max(0.01, min(lease._expires_at for lease in due) - sent_at)
+        bound = max(_MIN_BOUND, min(hold.expires_at for hold in due) - sent_at)
         try:
             results: list[object] = await asyncio.wait_for(
                 pipe.execute(raise_on_error=False), bound
             )
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             results = [exc] * len(due)
-        reload: set[str] = set()
-        for lease, result in zip(due, results, strict=True):
-            if lease._state is not HoldState.HELD or lease not in self._leases:
+        now = loop.time()
+        failed = False
+        reload: dict[str, str] = {}
+        for hold, (script, _, _), result in zip(due, calls, results, strict=True):
+            if not hold.live or hold not in self._holds:
                 continue
             if isinstance(result, NoScriptError):
-                reload.add(lease._renew_call[0].source)
-                lease._renew_at = sent_at
+                reload[script.sha] = script.source
+                hold.renew_at = now  # again right after the reload
+            elif isinstance(result, _TRANSIENT):
+                failed = True
+                self._retry_or_lose(hold, result, now)
             elif isinstance(result, BaseException):
-                self._retry_or_lose(lease, result, loop.time())
+                self._lose(hold, f"renewal failed: {result}")
             elif int(result) == 1:  # type: ignore[call-overload]
                 self.renewals += 1
-                lease._renewed(sent_at)
+                hold.renewed(sent_at)
             else:
-                self._leases.discard(lease)
-                lease._mark_lost("renewal found the lock expired or held by another owner")
-        for source in reload:
+                self._lose(hold, "renewal found the lock expired or held by another owner")
+        self._failures = self._failures + 1 if failed else 0
+        for source in reload.values():
             try:
-                await self._client.script_load(source)
-            except (RedisError, OSError) as exc:
+                await asyncio.wait_for(client.script_load(source), bound)
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 logger.debug("script reload failed: %s", exc)
 
-    def _retry_or_lose(self, lease: Lease, exc: BaseException, now: float) -> None:
-        if now >= lease._expires_at:
-            self._leases.discard(lease)
-            lease._mark_lost(f"renewal failed until the lease ended: {exc}")
+    def _lose(self, hold: Hold, reason: str) -> None:
+        self._holds.discard(hold)
+        hold.mark_lost(reason)
+
+    def _retry_or_lose(self, hold: Hold, exc: BaseException, now: float) -> None:
+        if now >= hold.expires_at:
+            self._lose(hold, f"renewal failed until the lease ended: {exc!r}")
             return
-        logger.info("renewing %r failed (%s); retrying", lease.name, exc)
-        # due again (see _due_at) after a short back-off, well before the lease ends
-        lease._renew_at = now + min(_RETRY_DELAY, (lease._expires_at - now) / 4) + lease.lease / 6
+        logger.info("renewing %r failed (%r); retrying", hold.name, exc)
+        delay = _BACKOFF[min(self._failures, len(_BACKOFF) - 1)]
+        retry_at = now + min(delay, (hold.expires_at - now) / 2)
+        # due again at retry_at (see _due_at)
+        hold.renew_at = retry_at + (0.0 if hold.confirm else hold.lease / 12)
 
     async def aclose(self) -> None:
         """Stop renewing (the leases then end on the server by themselves)."""
-        self._leases.clear()
+        self._holds.clear()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

@@ -17,9 +17,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from redis_locks_async import Lease
-from redis_locks_async._client import ClientState
 from redis_locks_async._keys import LockKeys
-from redis_locks_async._scripts import LOCK_ACQUIRE, LOCK_EXTEND, LOCK_RELEASE, LOCK_SETTLE
+from redis_locks_async._lock import SCRIPTS
+from redis_locks_async._runtime import Runtime, existing_runtime
 
 __all__ = (
     "aux_keys",
@@ -38,29 +38,20 @@ __all__ = (
 )
 
 
-def _state(client: aioredis.Redis) -> ClientState | None:
-    state: ClientState | None = client.__dict__.get("_redis_locks_async_state")
-    if state is None:
-        return None
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return state
-    return state if state.loop is loop else None
+def _state(client: aioredis.Redis) -> Runtime | None:
+    return existing_runtime(client)
 
 
 def script_sources() -> Sequence[str]:
     """The source of every Lua script the library runs (to ``SCRIPT LOAD`` them up front)."""
-    return [s.source for s in (LOCK_ACQUIRE, LOCK_RELEASE, LOCK_EXTEND, LOCK_SETTLE)]
+    return [script.source for script in SCRIPTS]
 
 
 def background_tasks(client: aioredis.Redis) -> set[asyncio.Task[Any]]:
     """The library's background tasks for ``client`` that are not done (listener, keeper,
     cleanups, releases in flight)."""
     state = _state(client)
-    if state is None:
-        return set()
-    return {task for task in state._tasks if not task.done()}
+    return set() if state is None else state.background_tasks
 
 
 def pending_cleanups(client: aioredis.Redis) -> int:
@@ -90,7 +81,7 @@ def keeper_size(client: aioredis.Redis) -> int:
 
 def lease_owner_id(lease: Lease) -> str:
     """The owner id a lease holds its lock under (what the server stores as the owner)."""
-    return lease._owner
+    return lease._hold.owner
 
 
 def live_owner_ids(client: aioredis.Redis) -> set[str]:
@@ -98,28 +89,28 @@ def live_owner_ids(client: aioredis.Redis) -> set[str]:
     state = _state(client)
     if state is None:
         return set()
-    ids = {lease._owner for lease in state.holds.values() if not lease.lost}
-    for entry in state.notifier._channels.values():
-        ids |= set(entry.by_owner)
+    ids = {hold.owner for hold in state.holds.values() if hold.live}
+    for hub in state.hubs():
+        for lot in hub.lots():
+            ids |= set(lot.by_owner)
     return ids
 
 
 def held_leases(client: aioredis.Redis) -> list[Lease]:
     """Every lease the library holds locally for ``client`` (any task, any lock)."""
     state = _state(client)
-    return [] if state is None else list(state.holds.values())
+    return [] if state is None else [hold.view for hold in state.holds.values()]
 
 
 def local_waiters(client: aioredis.Redis) -> int:
     """Tasks waiting (queued locally) for any lock of ``client``."""
     state = _state(client)
-    return 0 if state is None else state.notifier.waiting
+    return 0 if state is None else sum(hub.waiting for hub in state.hubs())
 
 
 def aux_keys(name: str) -> tuple[str | bytes, ...]:
     """Every Redis key the lock ``name`` uses besides ``name`` itself."""
-    keys = LockKeys.for_name(name)
-    return (keys.fence, keys.waiters, keys.waiter_info)
+    return LockKeys.for_name(name).aux_keys
 
 
 def channel_of(name: str) -> str | bytes:
@@ -140,4 +131,24 @@ async def owner_in_redis(inspector: aioredis.Redis, name: str) -> str | None:
 async def registered_waiters(inspector: aioredis.Redis, name: str) -> set[str]:
     """Owner ids registered in Redis as waiting for ``name``."""
     keys = LockKeys.for_name(name)
-    return {_text(member) for member in await inspector.zrange(keys.waiters, 0, -1)}
+    return {_text(member) for member in await inspector.zrange(keys.queue, 0, -1)}
+
+
+def renewals(client: aioredis.Redis) -> int:
+    """Successful renewals the keeper of ``client`` made so far."""
+    state = _state(client)
+    return 0 if state is None else state.keeper.renewals
+
+
+async def server_hold_count(inspector: aioredis.Redis, name: str) -> int:
+    """The hold count the server has for the lock ``name`` (0 when free)."""
+    if await inspector.hget(name, "owner") is None:
+        return 0
+    return int(await inspector.hlen(name)) - 1
+
+
+def lease_of(client: aioredis.Redis, name: str, task: asyncio.Task[Any]) -> Lease | None:
+    """The lease ``task`` holds on the ``Lock`` called ``name`` (through ``client``)."""
+    state = _state(client)
+    hold = None if state is None else state.holds.get((("lock", name), task))
+    return None if hold is None else hold.view

@@ -27,7 +27,7 @@ Example::
     async with FaultProxy(server.host, server.port) as proxy:
         client = redis.asyncio.Redis.from_url(proxy.url)
         proxy.hold_replies()
-        task = asyncio.create_task(lock.acquire())
+        task = asyncio.create_task(acquire_then_work(lock))
         await proxy.wait_held()          # the reply is at the proxy, not at the client
         task.cancel()
         proxy.release_replies()

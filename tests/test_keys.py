@@ -54,16 +54,56 @@ def test_every_key_shares_the_name_slot(name: str) -> None:
     keys = LockKeys.for_name(name)
     slot = key_slot(name.encode())
     assert keys.name == name
-    for aux in (keys.fence, keys.waiters, keys.waiter_info, keys.channel):
-        assert key_slot(aux.encode()) == slot, aux
-    assert len({keys.fence, keys.waiters, keys.waiter_info, keys.channel, name}) == 5
+    for aux in (*keys.aux_keys, keys.channel):
+        assert key_slot(aux) == slot, aux
+    assert len({*keys.aux_keys, name.encode()}) == 4
+
+
+@given(names.filter(_utf8), names.filter(_utf8))
+def test_no_two_names_share_a_key_or_a_channel(a: str, b: str) -> None:
+    """Regression (issue 5 #1): ``x`` and ``{x}``, ``a}b`` and ``{tag}:a}b``, or a name that
+    looks like another lock's auxiliary key shared queue, fence and channel."""
+    if a == b:
+        return
+    ka, kb = LockKeys.for_name(a), LockKeys.for_name(b)
+    keys_a = {a.encode(), *ka.aux_keys}
+    keys_b = {b.encode(), *kb.aux_keys}
+    assert not keys_a & keys_b
+    assert ka.channel != kb.channel
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("x", "{x}"),
+        ("a}b", "{8713}:a}b"),
+        ("a}b", "{8713}a}b"),
+        ("x", "{x}:fence"),
+        ("x", "{x}\xffmeta"),
+        ("{x}", "{x}{x}"),
+    ],
+)
+def test_tricky_pairs_are_disjoint(a: str, b: str) -> None:
+    test_no_two_names_share_a_key_or_a_channel.hypothesis.inner_test(a, b)  # type: ignore[attr-defined]
+
+
+def test_auxiliary_keys_can_never_be_lock_names() -> None:
+    """An auxiliary key holds the byte 0xFF, which UTF-8 text (every lock name) never does."""
+    for name in ("orders:42", "orders:{42}", "a}b", "\xff", "\u00ff"):
+        for aux in LockKeys.for_name(name).aux_keys:
+            assert b"\xff" in aux
+            with pytest.raises(UnicodeDecodeError):
+                aux.decode("utf-8")
 
 
 def test_layout_is_readable() -> None:
-    assert LockKeys.for_name("orders:42").fence == "{orders:42}:fence"
-    assert LockKeys.for_name("orders:{42}").fence == "orders:{42}:fence"
-    odd = LockKeys.for_name("a}b").fence
-    assert odd.endswith(":a}b:fence") and odd.startswith("{")
+    keys = LockKeys.for_name("orders:42")
+    assert keys.meta == b"{orders:42}\xffmeta"
+    assert keys.channel == "{orders:42}:lock"
+    assert LockKeys.for_name("orders:{42}").meta == b"{42}orders:{42}\xffmeta"
+    odd = LockKeys.for_name("a}b").meta
+    assert odd.endswith(b"}a}b\xffmeta") and odd.startswith(b"{")
+    assert LockKeys.for_name("x", "fair").channel == "{x}:fair"
 
 
 @settings(
@@ -73,7 +113,7 @@ def test_layout_is_readable() -> None:
 )
 @given(name=names.filter(_utf8))
 async def test_any_name_locks_and_frees_cleanly(client: aioredis.Redis, name: str) -> None:
-    """S5: unicode, braces and huge names work, and nothing is left behind but the fence."""
+    """S5: unicode, braces and huge names work; what is left behind expires by itself."""
     name = "hyp:" + name
     lock = Lock(client, name, lease=5)
     async with lock as lease:
@@ -82,8 +122,10 @@ async def test_any_name_locks_and_frees_cleanly(client: aioredis.Redis, name: st
         with pytest.raises(LockTimeout):
             await asyncio.create_task(_enter(Lock(client, name, timeout=0)))
     keys = LockKeys.for_name(name)
-    assert await client.exists(name, keys.waiters, keys.waiter_info) == 0
-    await client.delete(keys.fence)
+    assert await client.exists(name) == 0
+    for aux in keys.aux_keys:
+        assert await client.pttl(aux) in (-2, *range(1, 120_001))  # absent, or expiring
+    await client.delete(*keys.aux_keys)
 
 
 async def _enter(lock: Lock) -> None:

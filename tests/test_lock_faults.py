@@ -30,9 +30,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from redis_locks_async import Lease, Lock, LockError, LockLostError
-from redis_locks_async._client import state_for
-from redis_locks_async._keys import LockKeys
-from redis_locks_async._scripts import LOCK_ACQUIRE, LOCK_EXTEND, LOCK_RELEASE, LOCK_SETTLE
+from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerFactory
 
@@ -40,7 +38,6 @@ if TYPE_CHECKING:
     from tests.conftest import Connect
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = (LOCK_ACQUIRE, LOCK_RELEASE, LOCK_EXTEND, LOCK_SETTLE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,20 +103,16 @@ def live_ids(*clients: aioredis.Redis) -> set[str]:
     """Owner ids some live local task stands behind: held leases and queued waiters."""
     ids: set[str] = set()
     for client in clients:
-        state = state_for(client)
-        ids |= {lease._owner for lease in state.holds.values() if not lease.lost}
-        for entry in state.notifier._channels.values():
-            ids |= set(entry.by_owner)
+        ids |= introspect.live_owner_ids(client)
     return ids
 
 
 async def assert_no_ghost(inspector: aioredis.Redis, name: str, *clients: aioredis.Redis) -> None:
     """Neither the lock nor a waiter registration of ``name`` belongs to a dead owner."""
-    keys = LockKeys.for_name(name)
     live = live_ids(*clients)
     owner = await owner_of(inspector, name)
     assert owner is None or owner in live, f"{name!r} is held by ghost {owner!r}"
-    registered = {_text(m) for m in await inspector.zrange(keys.waiters, 0, -1)}
+    registered = await introspect.registered_waiters(inspector, name)
     assert registered <= live, f"dead waiters still registered on {name!r}: {registered - live}"
 
 
@@ -129,11 +122,13 @@ async def settle(client: aioredis.Redis) -> None:
     (The keeper and listener tasks linger a few seconds after their last lease or waiter, by
     design; that nothing survives ``aclose()`` is checked in ``TestClientClose``.)
     """
-    state = state_for(client)
-    await state.drain()
+    await introspect.drain(client)
     await until(
-        lambda: state.pending_cleanups == 0 and not state.holds and not state.notifier.waiting,
-        what=f"no pending cleanups (have {state.pending_cleanups}), holds or waiters",
+        lambda: introspect.pending_cleanups(client) == 0
+        and not introspect.held_leases(client)
+        and not introspect.local_waiters(client),
+        what=f"no pending cleanups (have {introspect.pending_cleanups(client)}), holds or "
+        "waiters",
         within=2.0,
     )
 
@@ -149,11 +144,11 @@ async def owner_of(inspector: aioredis.Redis, name: str) -> str | None:
 
 
 async def registered(inspector: aioredis.Redis, name: str) -> int:
-    return int(await inspector.zcard(LockKeys.for_name(name).waiters))
+    return len(await introspect.registered_waiters(inspector, name))
 
 
 async def subscribers(inspector: aioredis.Redis, name: str) -> int:
-    channel = LockKeys.for_name(name).channel
+    channel = introspect.channel_of(name)
     reply = await inspector.pubsub_numsub(channel)
     return int(reply[0][1])
 
@@ -192,6 +187,12 @@ async def cancel_held_up(task: asyncio.Task[Any], proxy: FaultProxy) -> None:
     proxy.release_replies()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def acquiring(lock: Lock, **kwargs: Any) -> bool:
+    """``lock.acquire(**kwargs)`` as the body of a task to cancel (a bare ``acquire()`` as a
+    task's whole body is refused: that task could never hold the lock)."""
+    return await lock.acquire(**kwargs)
 
 
 class HoldingTask:
@@ -247,8 +248,8 @@ async def worker_process(
 async def proxied(fault_proxy: FaultProxy, client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
     """A client whose every connection runs through ``fault_proxy``: connected, scripts loaded
     (so the first reply of an acquire is the script's, not a NOSCRIPT or a handshake)."""
-    for script in SCRIPTS:
-        await client.script_load(script.source)
+    for source in introspect.script_sources():
+        await client.script_load(source)
     conn = aioredis.Redis.from_url(fault_proxy.url)
     await conn.ping()
     try:
@@ -275,7 +276,7 @@ class TestCancellation:
     ) -> None:
         lock = Lock(proxied, name)
         fault_proxy.hold_replies()
-        task = asyncio.create_task(lock.acquire())
+        task = asyncio.create_task(acquiring(lock))
         # the lock is taken; its reply is held, so the client can't know
         await hold_reply_of(fault_proxy, lambda: _equals(client.exists(name), 1))
         await cancel_held_up(task, fault_proxy)
@@ -294,14 +295,14 @@ class TestCancellation:
     ) -> None:
         held = await take(holder, name)
         fault_proxy.hold_replies()
-        task = asyncio.create_task(Lock(proxied, name).acquire())
+        task = asyncio.create_task(acquiring(Lock(proxied, name)))
         await fault_proxy.wait_held()  # a warm connection: the only reply is the 'try' attempt's
         await cancel_held_up(task, fault_proxy)
 
         await settle(proxied)
         lease = held.current_lease
         assert lease is not None
-        assert await owner_of(client, name) == lease._owner
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease)
         await assert_no_ghost(client, name, proxied, holder)
         await held.release()
         assert not await client.exists(name), "the release handed the lock to a cancelled task"
@@ -317,7 +318,7 @@ class TestCancellation:
         live_waiter: bool,
     ) -> None:
         held = await take(holder, name)
-        task = asyncio.create_task(Lock(proxied, name).acquire())
+        task = asyncio.create_task(acquiring(Lock(proxied, name)))
         await until(lambda: registered(client, name), what="the waiter's registration")
         await quiesce(fault_proxy)  # its registering reply is read: it sleeps now
         other = None
@@ -340,7 +341,7 @@ class TestCancellation:
             return
         lease = await other.wait_acquired()
         assert lease is not None, "the live waiter never got the lock"
-        assert await owner_of(client, name) == lease._owner
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease)
         await other.end()
         assert not await client.exists(name)
         await settle(client)
@@ -357,7 +358,7 @@ class TestCancellation:
     ) -> None:
         held = await take(holder, name)
         fault_proxy.hold_replies()
-        task = asyncio.create_task(Lock(proxied, name).acquire())
+        task = asyncio.create_task(acquiring(Lock(proxied, name)))
         # through the 'try', the pub/sub handshake and SUBSCRIBE, up to the 'wait' attempt
         await hold_reply_of(fault_proxy, lambda: _equals(registered(client, name), 1))
         if handed_over:
@@ -395,7 +396,7 @@ class TestCancellation:
 
         await settle(proxied)
         assert not await client.exists(name)
-        assert not state_for(proxied).holds
+        assert not introspect.held_leases(proxied)
         await assert_no_ghost(client, name, proxied)
 
     async def test_cancel_as_release_starts_still_releases(
@@ -425,7 +426,7 @@ class TestCancellation:
         try:
             await until(lambda: _equals(client.exists(name), 0), what="the release", within=2.0)
             await settle(proxied)
-            assert not state_for(proxied).holds
+            assert not introspect.held_leases(proxied)
         finally:
             leave.set()
             await task
@@ -456,18 +457,21 @@ class TestCancellation:
         await first.wait()
         fault_proxy.hold_replies()
         reenter.set()
-        await hold_reply_of(fault_proxy, lambda: _equals(client.hget(name, "count"), b"2"))
+        await hold_reply_of(
+            fault_proxy, lambda: _equals(introspect.server_hold_count(client, name), 2)
+        )
         task.cancel()
         fault_proxy.release_replies()
         await cancelled.wait()
 
         await until(
-            lambda: _equals(client.hget(name, "count"), b"1"),
+            lambda: _equals(introspect.server_hold_count(client, name), 1),
             what="the unseen re-entry to be undone (count back to 1)",
         )
-        lease = state_for(proxied).holds[(name, task)]
+        lease = introspect.lease_of(proxied, name, task)
+        assert lease is not None
         assert lease.hold_count == 1
-        assert await owner_of(client, name) == lease._owner
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease)
         done.set()
         await finish(task, 5.0, "release after the cancelled re-entry")
         task.result()
@@ -512,7 +516,7 @@ class TestCancellation:
         assert not await client.exists(name)
         await assert_no_ghost(client, name, proxied)
 
-    async def test_grant_arriving_with_the_waiters_last_reply(
+    async def test_grant_arriving_while_the_waiter_gives_up(
         self,
         proxied: aioredis.Redis,
         fault_proxy: FaultProxy,
@@ -520,21 +524,24 @@ class TestCancellation:
         holder: aioredis.Redis,
         name: str,
     ) -> None:
-        """The waiter's last attempt (at its deadline) ran and said "held"; before that reply
-        arrives the holder hands the lock over to it, and both news arrive together. It must
-        keep the lock or pass it on."""
+        """The holder hands the lock to the registered waiter, but the announcement is held
+        back until the waiter's deadline has passed and it gave up: the give-up must pass the
+        lock on (here: free it), and the late grant must not make the waiter a holder."""
         held = await take(holder, name)
         fault_proxy.hold_replies()
         waiter = HoldingTask(Lock(proxied, name), timeout=0.3)
-        await _reach_last_attempt(fault_proxy, client, name)
+        await _reach_sleep(fault_proxy, client, name)
         holder_id = _owner_id(held)
-        await held.release()  # the handover and its announcement are held back too
+        await held.release()  # the handover's announcement is held back
         assert await owner_of(client, name) not in (None, holder_id)
+        await until(
+            lambda: _equals(owner_of(client, name), None), what="the give-up to pass it on"
+        )
         fault_proxy.release_replies()
-
+        assert await waiter.wait_acquired() is None
         await _check_outcome(waiter, client, name, proxied)
 
-    async def test_handover_between_the_last_attempt_and_giving_up(
+    async def test_handover_just_before_giving_up(
         self,
         proxied: aioredis.Redis,
         fault_proxy: FaultProxy,
@@ -542,9 +549,9 @@ class TestCancellation:
         holder: aioredis.Redis,
         name: str,
     ) -> None:
-        """The exact race of a release with a timeout: the waiter's last attempt says "held",
-        its time is up, and the holder's release (handing the lock to it) runs on the server
-        just before the waiter's give-up script. The give-up must pass the lock on.
+        """The exact race of a release with a timeout: the waiter's time is up, and the
+        holder's release (handing the lock to it) runs on the server just before the waiter's
+        give-up script. The give-up must pass the lock on.
 
         ``CLIENT PAUSE WRITE`` orders the two scripts: both are postponed, then run in order.
         """
@@ -552,13 +559,12 @@ class TestCancellation:
         assert await holding.wait_acquired() is not None
         fault_proxy.hold_replies()
         waiter = HoldingTask(Lock(proxied, name), timeout=0.3)
-        await _reach_last_attempt(fault_proxy, client, name)  # it ran: "still held"
+        await _reach_sleep(fault_proxy, client, name)
 
         await client.execute_command("CLIENT", "PAUSE", "5000", "WRITE")  # type: ignore[no-untyped-call]
         try:
             release = asyncio.create_task(holding.end())
             await until(lambda: _equals(blocked_clients(client), 1), what="the release to queue")
-            await step(fault_proxy)  # "still held", and the time is up: the waiter gives up
             await until(lambda: _equals(blocked_clients(client), 2), what="the give-up to queue")
         finally:
             await client.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
@@ -589,13 +595,12 @@ class TestCancellation:
         await _check_outcome(waiter, client, name, waiting)
 
 
-async def _reach_last_attempt(proxy: FaultProxy, inspector: aioredis.Redis, name: str) -> None:
+async def _reach_sleep(proxy: FaultProxy, inspector: aioredis.Redis, name: str) -> None:
     """With replies held from the start of an acquire: let everything through up to and
-    including the registering attempt's reply; return once the reply to the waiter's next
-    attempt (at its deadline: nothing else wakes it) is held at the proxy."""
+    including the registering attempt's reply; the waiter then sleeps until its deadline
+    (nothing else wakes it), when it gives up."""
     await hold_reply_of(proxy, lambda: _equals(registered(inspector, name), 1))
-    await step(proxy)  # the registration's reply: the waiter goes to sleep
-    await proxy.wait_held()
+    await step(proxy)
 
 
 async def _check_outcome(
@@ -604,7 +609,7 @@ async def _check_outcome(
     """Either the waiter holds the lock (really) or nobody does; never a ghost."""
     lease = await waiter.wait_acquired()
     if lease is not None:
-        assert await owner_of(inspector, name) == lease._owner
+        assert await owner_of(inspector, name) == introspect.lease_owner_id(lease)
         assert int(await inspector.hget(name, "token") or 0) == lease.fencing_token
         await waiter.end()
     else:
@@ -617,7 +622,7 @@ async def _check_outcome(
 def _owner_id(lock: Lock) -> str:
     lease = lock.current_lease
     assert lease is not None
-    return lease._owner
+    return introspect.lease_owner_id(lease)
 
 
 async def _equals(value: Awaitable[object], expected: object) -> bool:
@@ -661,8 +666,7 @@ async def _three_waiters(
     """Three tasks of ``conn`` waiting for ``name``: all queued locally, the head registered."""
     lock = Lock(conn, name)
     workers = [HoldingTask(lock, timeout=10) for _ in range(3)]
-    notifier = state_for(conn).notifier
-    await until(lambda: notifier.waiting == 3, what="three local waiters")
+    await until(lambda: introspect.local_waiters(conn) == 3, what="three local waiters")
     await until(lambda: registered(inspector, name), what="the head's registration")
     return workers
 
@@ -814,9 +818,9 @@ class TestRenewal:
         assert lease is not None
         await asyncio.sleep(3.5)  # three and a half leases: only renewal keeps it
         assert not lease.lost, lease.lost_reason
-        assert await owner_of(client, name) == lease._owner
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease)
         assert await client.pttl(name) > 0
-        assert state_for(proxied).keeper.renewals >= 6
+        assert introspect.renewals(proxied) >= 6
         await lock.release()
         assert not await client.exists(name)
         await settle(proxied)
@@ -886,13 +890,12 @@ class TestRenewal:
         await lock.acquire()
         lease = lock.current_lease
         assert lease is not None
-        keeper = state_for(client).keeper
         await client.script_flush()
-        before = keeper.renewals
+        before = introspect.renewals(client)
         await asyncio.sleep(1.5)  # longer than the lease: only renewals after NOSCRIPT keep it
         assert not lease.lost, lease.lost_reason
-        assert keeper.renewals > before
-        assert await owner_of(client, name) == lease._owner
+        assert introspect.renewals(client) > before
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease)
         await lock.release()
         assert not await client.exists(name)
         await settle(client)
@@ -942,7 +945,7 @@ class TestServerRestart:
         lease = await waiter.wait_acquired(within=5)
         assert lease is not None
         assert loop.time() - back_at < 2.0
-        assert await owner_of(inspector, name) == lease._owner
+        assert await owner_of(inspector, name) == introspect.lease_owner_id(lease)
         await waiter.end()
         await settle(waiting)
 
@@ -960,7 +963,7 @@ class TestClientClose:
         await lock.acquire()
         lease = lock.current_lease
         assert lease is not None
-        assert state_for(conn).background_tasks >= 1  # the keeper
+        assert len(introspect.background_tasks(conn)) >= 1  # the keeper
         await conn.aclose()
         leftover = [t for t in asyncio.all_tasks() - baseline if not t.done()]
         assert leftover == []
@@ -974,7 +977,7 @@ class TestClientClose:
         held = await take(holder, name)
         baseline = asyncio.all_tasks()
         conn = aioredis.Redis.from_url(redis_url)
-        task = asyncio.create_task(Lock(conn, name).acquire())
+        task = asyncio.create_task(acquiring(Lock(conn, name)))
         await until(lambda: registered(client, name), what="the waiter's registration")
 
         await conn.aclose()

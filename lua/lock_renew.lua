@@ -1,10 +1,12 @@
--- lock_extend.lua: renew the lease of a held lock (one call per hold; renewals are pipelined).
+-- lock_renew.lua: renew a held lock's lease; also how a waiter confirms a hand-over
+-- (redis-locks-async `Lock`; the lease keeper pipelines one call per hold).
 --
--- KEYS[1]  the lock HASH (owner, count, token)
+-- KEYS[1]  the lock HASH (owner, token, ...)
 -- ARGV[1]  owner id that holds it
 -- ARGV[2]  new lease in milliseconds, counted from now (> 0)
 -- returns  1  renewed
 --          0  ARGV[1] does not hold the lock any more (expired or taken over): the lease is lost
+-- Idempotent (a PEXPIRE). A KEYS[1] of another type fails with WRONGTYPE: the lease is lost.
 
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
     return 0

@@ -1,0 +1,1113 @@
+"""The core: one acquire / wait / cancel / renew / release algorithm every primitive plugs into.
+
+A primitive is a thin **policy** over this core (:class:`Policy`): it supplies its key space, its
+scripts (``attempt``, ``reenter``, ``release``, the renewal call), ``locked()``, how many local
+waiters may talk to Redis at once (``active_waiters``: 1 is head-only admission) and its hold
+key (which tells the read side of a lock from its write side, or one permit from another). The
+core owns everything else, once:
+
+1. **Ownership.** The owner is the asyncio task. Each fresh acquisition gets a new owner id
+   (``_runtime.new_owner_id``: 128 unguessable bits, never reused); the runtime maps
+   ``(hold key, task)`` to the :class:`~._lease.Hold`, so a task that acquires again re-enters.
+   Re-entries are *entries* (``e:<id>`` fields in Redis), so a re-entry or a release re-sent by
+   a retrying client counts once, and undoing one cancelled re-entry never touches another.
+   ``acquire()`` run as the whole body of a helper task — what ``asyncio.wait_for`` does on
+   Python 3.10/3.11 — is owned by the task awaiting that ``wait_for``; any other such task
+   (``create_task(lock.acquire())``) is refused at the call with the fix in the message,
+   because the task ends the moment it would hold the lock.
+2. **Acquire.** When no local task waits for the lock, one attempt (the uncontended fast path).
+   Otherwise the caller joins the lock's parking lot (``_parking``); an active waiter subscribes
+   the lock's channel and waits for the confirmation (``_notify``) *before* its registering
+   attempt, so a release cannot slip in between; it then sleeps until a grant names it (it holds
+   the lock: no round trip), a release frees the lock (re-check), or its timer fires — at the
+   holder's remaining lease (expiry announces nothing), or at the end of a claim window when the
+   lock was handed to someone else (a waiter that died while registered delays the next one by
+   at most that window). Every wait — for a turn, a confirmation, a reply, a wake-up — is bounded
+   by the caller's deadline, so ``acquire(timeout=t)`` returns within about ``t`` whatever the
+   network does.
+3. **Cancellation: one guard.** A command that may change the lock runs in a job task whose
+   reply the caller awaits (the caller's cancellation never interrupts it half-way, and redis-py
+   can never swallow the caller's cancellation). If the caller gives up — cancelled, deadline
+   passed, or an error after which the command may still have run — the command's *undo*
+   (abandon the owner id, or drop the re-entry) is sent at once in a tracked, retried
+   background task. The undo of an acquisition also records the owner id as finished in Redis,
+   so an attempt that reaches the server *after* its undo (another connection, a slow network)
+   is refused there: a cancelled acquisition never leaves a ghost holder. Releases run in their
+   own task too: cancelling a release does not stop it, and a task that ends while its release
+   is in flight leaves nothing behind.
+4. **Renewal** is the runtime's lease keeper (``_renewal``); whatever changes a hold's lease
+   (``extend``, re-entry, a hand-over to confirm) reschedules it there.
+
+Where it is not safe: like every lease-based lock, for a holder paused longer than its lease
+(GC, VM freeze, SIGSTOP) — pass the fencing token to the protected resource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import itertools
+import logging
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar, final
+
+from redis.exceptions import RedisError
+
+from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
+from ._keys import LockKeys
+from ._lease import Hold, HoldState, Lease, LostCallback, RenewCall
+from ._parking import News, Waiter
+from ._runtime import Runtime, existing_runtime, new_owner_id, runtime_for
+from ._scripts import translate, wrong_type_error
+from ._validation import check_lease, check_name, check_timeout, to_ms
+
+try:  # newer redis-py raise it for an exhausted pool; older ones a ConnectionError
+    from redis.exceptions import MaxConnectionsError
+except ImportError:  # pragma: no cover - depends on the installed redis-py
+
+    class MaxConnectionsError(RedisError):  # type: ignore[no-redef]
+        """Stand-in: never raised by this redis-py."""
+
+if TYPE_CHECKING:
+    from ._runtime import Topology
+
+__all__ = ("UNSET", "LockBase", "LockState", "Policy", "Reply")
+
+logger = logging.getLogger("redis_locks_async")
+
+_T = TypeVar("_T")
+
+REGISTRATION_GRACE: Final = 2.0  # seconds a registration outlives the holder's lease (+ claim)
+TRY_BOUND: Final = 1.0  # seconds a single attempt (blocking=False) waits for its reply
+CLEANUP_GRACE: Final = 0.5  # seconds a waiter that gives up waits for its clean-up
+_ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
+_POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
+_EAGER: Final = sys.version_info >= (3, 12)
+
+
+class _Unset(enum.Enum):
+    UNSET = enum.auto()
+
+
+UNSET: Final = _Unset.UNSET
+"""Marker for "use the lock's own timeout" in :meth:`LockBase.acquire`."""
+
+
+class LockState(enum.Enum):
+    """What one lock object is doing for the calling task."""
+
+    IDLE = "idle"
+    ACQUIRING = "acquiring"
+    HELD = "held"
+    RELEASING = "releasing"
+    LOST = "lost"
+
+
+class Reply(NamedTuple):
+    """What an ``attempt`` or ``reenter`` script answered (see the Lua contracts).
+
+    ``status``: 1 held by the caller, 0 held by another owner, -1 refused (not the owner, or a
+    late duplicate of an abandoned acquisition), -2 ``token`` is the 1-based index of a key of
+    the wrong type. ``ttl_ms``: the lock's remaining TTL (-1: none).
+    """
+
+    status: int
+    token: int
+    holds: int
+    ttl_ms: int
+
+
+class Policy(ABC):
+    """What a primitive supplies to the core (module docstring). One instance per lock object.
+
+    Scripts run on ``client`` (the topology's client for the lock's key). Release modes:
+    ``"entry"`` drops one re-entry (``entry``), ``"final"`` ends the owner's last hold,
+    ``"abandon"`` gives up everything an owner id reached (registration, a hand-over, a hold)
+    and marks it finished. Replies of ``release``: ``(1, count)`` still held, ``(0, 0)``
+    released (or already released), ``(-1, 0)`` not held (lost), ``(-2, i)`` key ``i`` of the
+    wrong type.
+    """
+
+    kind: ClassVar[str] = "lock"
+    active_waiters: ClassVar[int] = 1
+
+    __slots__ = ("keys",)
+
+    def __init__(self, name: str) -> None:
+        self.keys = LockKeys.for_name(name, self.kind)
+
+    @property
+    def hold_key(self) -> Hashable:
+        """What a task holds (with the task): re-acquiring the same hold key re-enters."""
+        return (self.kind, self.keys.name)
+
+    def key_of(self, index: int) -> str | bytes:
+        """The key a ``-2`` reply names (1-based, in script order)."""
+        keys = self.keys.script_keys
+        return keys[index - 1] if 1 <= index <= len(keys) else keys[0]
+
+    @abstractmethod
+    async def attempt(
+        self, client: Any, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int
+    ) -> Reply:
+        """Take the lock for ``owner`` if it is free; with ``wait``, register to be handed it."""
+
+    @abstractmethod
+    async def reenter(self, client: Any, owner: str, entry: str, lease_ms: int) -> Reply:
+        """Add re-entry ``entry`` to ``owner``'s hold and renew its lease."""
+
+    @abstractmethod
+    async def release(
+        self, client: Any, owner: str, mode: str, entry: str, sharded: bool
+    ) -> tuple[int, int]:
+        """Release in ``mode`` (class docstring)."""
+
+    @abstractmethod
+    def renew_call(self, owner: str, lease: float) -> RenewCall:
+        """The script call that renews ``owner``'s lease to ``lease`` seconds (pipelined)."""
+
+    @abstractmethod
+    async def locked(self, client: Any) -> bool:
+        """Whether anyone holds the lock, as the server sees it now."""
+
+
+class _Expired(Exception):
+    """The caller's deadline passed while a command was in flight."""
+
+
+def _is_async_client(redis: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(redis, "execute_command", None))
+
+
+# -- who owns an acquisition -------------------------------------------------------------------
+
+_WAIT_FOR_CODE: Final = asyncio.wait_for.__code__
+
+
+def _awaiting_wait_for(helper: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
+    """The task suspended in ``asyncio.wait_for`` on ``helper``, if any."""
+    for task in asyncio.all_tasks():
+        if task is helper:
+            continue
+        coro: Any = task.get_coro()
+        for _ in range(64):
+            if coro is None:
+                break
+            frame = getattr(coro, "cr_frame", None)
+            if (
+                getattr(coro, "cr_code", None) is _WAIT_FOR_CODE
+                and frame is not None
+                and frame.f_locals.get("fut") is helper
+            ):
+                return task
+            coro = getattr(coro, "cr_await", None)
+    return None
+
+
+def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
+    """The task that owns what the running ``acquire`` (whose frame is ``frame``) takes."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError(f"cannot acquire {name!r} outside an asyncio task")
+    if getattr(task.get_coro(), "cr_frame", None) is not frame:
+        return task
+    waiting = _awaiting_wait_for(task)
+    if waiting is not None:
+        return waiting
+    raise LockError(
+        f"cannot acquire {name!r}: acquire() is the whole body of task {task.get_name()!r}, "
+        "which ends as soon as acquire() returns, so nothing could hold the lock (the lock is "
+        "owned by the task that acquires it). Await lock.acquire() — or use `async with "
+        "lock:` — in the task that works under the lock and releases it; for a time limit use "
+        "lock.acquire(timeout=...) or asyncio.timeout(); to let another task finish the work, "
+        "acquire here and call lock.transfer(task)",
+        name=name,
+    )
+
+
+def _current(action: str, name: str) -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError(f"cannot {action} {name!r} outside an asyncio task")
+    return task
+
+
+# -- jobs: a command the caller awaits without being able to interrupt it --------------------
+
+
+async def _job(coro: Awaitable[_T], reply: asyncio.Future[_T]) -> None:
+    try:
+        result = await coro
+    except asyncio.CancelledError:
+        if not reply.done():
+            reply.cancel()
+        raise
+    except BaseException as exc:
+        if not reply.done():
+            reply.set_exception(exc)
+        return
+    if not reply.done():
+        reply.set_result(result)
+
+
+def _expire(reply: asyncio.Future[Any]) -> None:
+    if not reply.done():
+        reply.set_exception(_Expired())
+
+
+def _left(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:
+    return None if deadline is None else max(0.0, deadline - loop.time())
+
+
+def _earlier(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+class LockBase:
+    """The public surface every lock primitive shares (see the module docstring).
+
+    A subclass only says which :class:`Policy` it uses (``_policy_class``).
+    """
+
+    _policy_class: ClassVar[type[Policy]]
+
+    __slots__ = (
+        "_auto_renew",
+        "_claim",
+        "_entered",
+        "_lease",
+        "_name",
+        "_on_lost",
+        "_policy",
+        "_redis",
+        "_timeout",
+        "_topology",
+    )
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str,
+        *,
+        lease: float = 30.0,
+        auto_renew: bool = True,
+        timeout: float | None = None,
+        on_lost: LostCallback | None = None,
+        claim_timeout: float = 2.0,
+    ) -> None:
+        self._name = check_name(name)
+        self._lease = check_lease(lease)
+        self._timeout = check_timeout(timeout)
+        self._claim = check_lease(claim_timeout, "claim_timeout")
+        if not isinstance(auto_renew, bool):
+            raise TypeError(f"auto_renew must be a bool, not {type(auto_renew).__name__}")
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be callable (a function or an async function)")
+        if not _is_async_client(redis):
+            raise TypeError(
+                f"redis must be a redis.asyncio client (redis.asyncio.Redis, RedisCluster or a "
+                f"Sentinel master), not {type(redis).__module__}.{type(redis).__name__}"
+            )
+        self._redis = redis
+        self._topology: Callable[[Any], Topology] | None = None
+        self._auto_renew = auto_renew
+        self._on_lost = on_lost
+        self._policy = self._policy_class(self._name)
+        self._entered: dict[asyncio.Task[Any], list[tuple[Hold, str | None]]] = {}
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The lock's name (also its main Redis key)."""
+        return self._name
+
+    @property
+    def lease(self) -> float:
+        """Lease length in seconds for each acquisition."""
+        return self._lease
+
+    @property
+    def timeout(self) -> float | None:
+        """Default wait for ``async with`` and :meth:`acquire` (``None``: wait forever)."""
+        return self._timeout
+
+    @property
+    def claim_timeout(self) -> float:
+        """Seconds a waiter that was handed the lock has to confirm it (dead-waiter bound)."""
+        return self._claim
+
+    @property
+    def state(self) -> LockState:
+        """This lock's state for the calling task (a local view; no I/O)."""
+        hold = self._local_hold()
+        if hold is None:
+            return LockState.IDLE
+        return {
+            HoldState.HELD: LockState.HELD,
+            HoldState.RELEASING: LockState.RELEASING,
+            HoldState.LOST: LockState.LOST,
+            HoldState.RELEASED: LockState.IDLE,
+        }[hold.state]
+
+    def owned(self) -> bool:
+        """Whether the calling task holds this lock (a local view; no I/O)."""
+        hold = self._local_hold()
+        return hold is not None and hold.live
+
+    @property
+    def current_lease(self) -> Lease | None:
+        """The calling task's :class:`Lease` on this lock, if it holds it (or lost it)."""
+        hold = self._local_hold()
+        return hold.view if hold is not None else None
+
+    def _runtime(self) -> Runtime:
+        if self._topology is None:
+            return runtime_for(self._redis)
+        return runtime_for(self._redis, self._topology)
+
+    def _local_hold(self) -> Hold | None:
+        task = asyncio.current_task()
+        runtime = existing_runtime(self._redis)
+        if task is None or runtime is None:
+            return None
+        return runtime.holds.get((self._policy.hold_key, task))
+
+    def _local_waiters(self) -> int:
+        runtime = existing_runtime(self._redis)
+        if runtime is None:
+            return 0
+        channel = self._policy.keys.channel
+        return sum(hub.waiters(channel) for hub in runtime.hubs())
+
+    # -- public operations ------------------------------------------------------------------
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock, as the server sees it now."""
+        try:
+            return await self._policy.locked(self._redis)
+        except (RedisError, OSError) as exc:
+            raise translate(self._name, "inspect", exc) from exc
+
+    async def acquire(
+        self, timeout: float | _Unset | None = UNSET, *, blocking: bool = True
+    ) -> bool:
+        """Acquire the lock for the calling task; ``True`` once held, ``False`` on timeout.
+
+        ``timeout`` is in seconds; ``None`` waits forever; left out, the lock's own ``timeout``
+        applies. ``blocking=False`` makes a single attempt (waiting at most about a second
+        for the server's answer). A task that already holds the lock re-enters it (the hold
+        count goes up; release once per acquire).
+
+        The calling task owns the lock — also under ``asyncio.wait_for(lock.acquire(), t)``
+        (the task awaiting ``wait_for``). Running ``acquire()`` as the whole body of a task
+        (``asyncio.create_task(lock.acquire())``) raises :class:`LockError`: that task ends at
+        once, so nothing could hold the lock.
+        """
+        wait = self._timeout if timeout is UNSET else check_timeout(timeout)
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        task = _owner_task(self._name, sys._getframe(0))
+        runtime = self._runtime()
+        hold = runtime.holds.get((self._policy.hold_key, task))
+        if hold is not None:
+            held = await self._reenter(runtime, hold)
+            if held is not None:
+                return held
+        return await self._acquire(runtime, task, wait if blocking else 0.0)
+
+    async def release(self) -> None:
+        """Release one hold of the calling task (the last one frees or hands over the lock).
+
+        Raises :class:`LockNotOwnedError` if the task does not hold the lock and
+        :class:`LockLostError` if its lease ended meanwhile. Cancelling the caller does not
+        stop the release.
+        """
+        task = _current("release", self._name)
+        hold = self._held_by(task, "release")
+        runtime = self._runtime_of(hold)
+        await self._release(runtime, hold, hold.entries[-1] if hold.entries else None)
+
+    async def extend(self, lease: float | None = None) -> None:
+        """Renew the calling task's lease now, to ``lease`` seconds (default: the lock's).
+
+        The new length is kept by later renewals (a shorter lease is renewed sooner).
+        """
+        length = self._lease if lease is None else check_lease(lease)
+        task = _current("extend", self._name)
+        hold = self._held_by(task, "extend")
+        runtime = self._runtime_of(hold)
+        await self._settled(hold)
+        self._check_live(runtime, hold, "extend")
+        loop = runtime.loop
+        sent_at = loop.time()
+        script, keys, args = self._policy.renew_call(hold.owner, length)
+        try:
+            renewed = await self._call(runtime, script.run(self._redis, keys, args), None, None)
+        except (RedisError, OSError) as exc:
+            raise translate(self._name, "extend", exc) from exc
+        if int(renewed) != 1:  # type: ignore[call-overload]
+            self._lose(runtime, hold, "extend found the lock expired or held by another owner")
+            self._forget(runtime, hold)
+            raise LockLostError(
+                f"cannot extend {self._name!r}: the lease was lost ({hold.lost_reason})",
+                name=self._name,
+            )
+        if hold.live:
+            hold.renewed(sent_at, length)
+            runtime.keeper.reschedule(hold)
+
+    def transfer(self, task: asyncio.Task[Any]) -> Lease:
+        """Hand the calling task's hold to ``task`` (no I/O): ``task`` must release it.
+
+        Use it to let a background task finish work under the lock::
+
+            await lock.acquire()
+            worker = asyncio.create_task(finish(lock))   # finish() calls lock.release()
+            lock.transfer(worker)
+
+        Leaving an ``async with lock:`` block whose hold was transferred releases nothing.
+        """
+        current = _current("transfer", self._name)
+        hold = self._held_by(current, "transfer")
+        if task is current:
+            return hold.view
+        runtime = self._runtime_of(hold)
+        if task.done():
+            raise LockError(
+                f"cannot transfer {self._name!r}: the target task has already ended",
+                name=self._name,
+            )
+        if (hold.key, task) in runtime.holds:
+            raise LockError(
+                f"cannot transfer {self._name!r}: the target task already holds it",
+                name=self._name,
+            )
+        del runtime.holds[(hold.key, current)]
+        runtime.holds[(hold.key, task)] = hold
+        self._watch(runtime, hold, task)
+        return hold.view
+
+    def guarded(self) -> _Guarded:
+        """``async with lock.guarded() as lease:`` — the block is cancelled if the lease is lost.
+
+        The cancellation surfaces as :class:`LockLostError` out of the block, so work stops
+        when the lock is gone instead of running on unprotected. Nested guarded blocks all
+        stay guarded.
+        """
+        return _Guarded(self)
+
+    async def __aenter__(self) -> Lease:
+        if not await self.acquire():
+            raise LockTimeout(
+                f"timed out after {self._timeout} s waiting for {self._name!r}", name=self._name
+            )
+        task = _current("enter", self._name)
+        runtime = self._runtime()
+        hold = runtime.holds[(self._policy.hold_key, task)]
+        self._entered.setdefault(task, []).append(
+            (hold, hold.entries[-1] if hold.entries else None)
+        )
+        return hold.view
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = _current("exit", self._name)
+        stack = self._entered.get(task)
+        if not stack:
+            raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
+        hold, entry = stack.pop()
+        if not stack:
+            del self._entered[task]
+        if hold.task is not task:
+            return  # transferred to another task, which releases it
+        if entry is not None and entry not in hold.entries:
+            return  # this level was released explicitly inside the block
+        runtime = existing_runtime(self._redis)
+        try:
+            if runtime is None or runtime.holds.get((hold.key, task)) is not hold:
+                if hold.state is HoldState.LOST:
+                    raise LockLostError(
+                        f"lease on {self._name!r} was lost ({hold.lost_reason})",
+                        name=self._name,
+                    )
+                return  # released explicitly inside the block
+            await self._release(runtime, hold, entry)
+        except LockError as error:
+            if exc is None:
+                raise
+            logger.warning(
+                "leaving %r while %s: %s", self._name, type(exc).__name__, error
+            )
+
+    def __repr__(self) -> str:
+        try:
+            state = self.state.value
+        except RuntimeError:
+            state = "?"
+        return (
+            f"<{type(self).__name__} {self._name!r} lease={self._lease}s state={state} "
+            f"waiters={self._local_waiters()}>"
+        )
+
+    # -- commands ----------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        runtime: Runtime,
+        command: Coroutine[Any, Any, _T],
+        undo: Callable[[], Awaitable[object]] | None,
+        deadline: float | None,
+    ) -> _T:
+        """Run ``command`` in a job task and return its reply (module docstring, point 3).
+
+        If the caller is cancelled, ``deadline`` (loop time) passes — :class:`_Expired` —, or
+        the command fails in a way after which it may still have run, ``undo`` is sent in the
+        background. Errors are redis-py's (the caller translates them).
+        """
+        loop = runtime.loop
+        reply: asyncio.Future[_T] = loop.create_future()
+        if _EAGER:
+            job = asyncio.Task(_job(command, reply), loop=loop, eager_start=True)  # type: ignore[call-arg]
+        else:
+            job = loop.create_task(_job(command, reply))
+        if not job.done():
+            runtime.track(job)
+        timer = None if deadline is None else loop.call_at(deadline, _expire, reply)
+        try:
+            return await reply
+        except BaseException as exc:
+            if undo is not None and (
+                isinstance(exc, (asyncio.CancelledError, _Expired))
+                or (runtime.topology.transient(exc) and not isinstance(exc, MaxConnectionsError))
+            ):
+                self._undo(runtime, undo)
+            if isinstance(exc, (asyncio.CancelledError, _Expired)) and not job.done():
+                job.cancel()  # the undo is fenced: whatever the command reaches is undone
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _undo(
+        self, runtime: Runtime, undo: Callable[[], Awaitable[object]]
+    ) -> asyncio.Task[None]:
+        return runtime.spawn(self._retrying(undo, "cleanup"))
+
+    async def _retrying(self, call: Callable[[], Awaitable[object]], what: str) -> None:
+        """Run ``call``, retrying transient errors a few times (then the lease ends by itself)."""
+        for delay in _ERROR_BACKOFF:
+            try:
+                await call()
+                return
+            except MaxConnectionsError:
+                await asyncio.sleep(_POOL_BACKOFF[-1])
+            except (RedisError, OSError, LockError) as exc:
+                logger.info("%s of %r failed (%r); retrying", what, self._name, exc)
+                await asyncio.sleep(delay)
+        logger.warning("%s of %r gave up; its lease ends by itself", what, self._name)
+
+    def _abandon(self, owner: str) -> Callable[[], Awaitable[object]]:
+        """The undo of a fresh acquisition: drop whatever ``owner`` reached, fence it."""
+        sharded = self._sharded()
+        return lambda: self._policy.release(self._redis, owner, "abandon", "", sharded)
+
+    def _sharded(self) -> bool:
+        runtime = existing_runtime(self._redis)
+        return runtime is not None and runtime.topology.sharded
+
+    async def _pool_patient(self, call: Callable[[], Awaitable[_T]], deadline: float | None) -> _T:
+        """Run ``call``; an exhausted connection pool (a burst of acquisitions on a pool capped
+        at ``max_connections``) is back-pressure, not a failure: wait and try again (the
+        command was never sent) while the deadline allows."""
+        loop = asyncio.get_running_loop()
+        for delay in itertools.chain(_POOL_BACKOFF, itertools.repeat(_POOL_BACKOFF[-1])):
+            try:
+                return await call()
+            except MaxConnectionsError:
+                left = _left(deadline, loop)
+                if left == 0:
+                    raise
+                logger.info("connection pool exhausted acquiring %r; retrying", self._name)
+                await asyncio.sleep(delay if left is None else min(delay, left))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    def _check_open(self, runtime: Runtime) -> None:
+        if runtime.closed:
+            raise LockError(
+                f"cannot acquire {self._name!r}: the redis client was closed", name=self._name
+            )
+
+    def _check_reply(self, reply: Reply, action: str) -> None:
+        if reply.status == -2:
+            raise wrong_type_error(self._name, action, self._policy.key_of(reply.token))
+
+    async def _attempt(
+        self, runtime: Runtime, owner: str, wait: bool, deadline: float | None
+    ) -> Reply:
+        """One acquisition attempt for ``owner`` (undone if the caller gives up)."""
+        command = self._policy.attempt(
+            self._redis,
+            owner,
+            to_ms(self._lease),
+            wait,
+            to_ms(REGISTRATION_GRACE + self._claim),
+            to_ms(self._claim),
+        )
+        return await self._call(runtime, command, self._abandon(owner), deadline)
+
+    async def _acquire(
+        self, runtime: Runtime, task: asyncio.Task[Any], timeout: float | None
+    ) -> bool:
+        loop = runtime.loop
+        deadline = None if timeout is None else loop.time() + timeout
+        owner = new_owner_id()
+        channel = self._policy.keys.channel
+        if not any(hub.waiters(channel) for hub in runtime.hubs()):
+            # Nobody here waits for this lock: one plain attempt first (the fast path).
+            bound = loop.time() + TRY_BOUND if timeout == 0 else deadline
+            sent_at = loop.time()
+            try:
+                reply = await self._pool_patient(
+                    lambda: self._attempt(runtime, owner, False, bound), deadline
+                )
+            except _Expired:
+                if timeout == 0:
+                    raise LockError(
+                        f"cannot acquire {self._name!r}: no reply from the server within "
+                        f"{TRY_BOUND} s",
+                        name=self._name,
+                    ) from None
+                return False
+            except (RedisError, OSError) as exc:
+                raise translate(self._name, "acquire", exc) from exc
+            self._check_reply(reply, "acquire")
+            if reply.status == 1:
+                self._adopt(runtime, task, owner, reply, sent_at)
+                return True
+            if timeout == 0:
+                return False
+        return await self._wait(runtime, task, owner, deadline)
+
+    def _adopt(
+        self, runtime: Runtime, task: asyncio.Task[Any], owner: str, reply: Reply, sent_at: float
+    ) -> None:
+        """An attempt answered "held by you": make it this task's hold (or undo it)."""
+        if runtime.closed:
+            self._undo(runtime, self._abandon(owner))
+            self._check_open(runtime)
+        lease_ms = to_ms(self._lease)
+        ttl = reply.ttl_ms if 0 <= reply.ttl_ms <= lease_ms else lease_ms
+        # A TTL below the lease: the lock was handed over to this owner while it waited (the
+        # announcement was missed) — confirm the hand-over at once.
+        self._hold(runtime, task, owner, reply.token, sent_at + ttl / 1000, ttl < lease_ms)
+
+    async def _wait(
+        self, runtime: Runtime, task: asyncio.Task[Any], owner: str, deadline: float | None
+    ) -> bool:
+        loop = runtime.loop
+        channel = self._policy.keys.channel
+        hub = runtime.hub(channel)
+        lot = hub.lot(channel, self._policy.active_waiters)
+        waiter = Waiter(loop, owner)
+        lot.join(waiter)
+        registered = False  # an attempt that may have registered this owner was sent
+        acquired = False
+        try:
+            if not waiter.turn.done():
+                await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
+                if not waiter.turn.done():
+                    return False
+            self._check_open(runtime)
+            if not await hub.subscribed(channel, deadline):
+                return False
+            failures = 0
+            while True:
+                self._check_open(runtime)
+                waiter.forget_news()
+                sent_at = loop.time()
+                registered = True
+                try:
+                    reply = await self._pool_patient(
+                        lambda: self._call(
+                            runtime,
+                            self._policy.attempt(
+                                self._redis,
+                                owner,
+                                to_ms(self._lease),
+                                True,
+                                to_ms(REGISTRATION_GRACE + self._claim),
+                                to_ms(self._claim),
+                            ),
+                            None,
+                            deadline,
+                        ),
+                        deadline,
+                    )
+                except _Expired:
+                    return False
+                except (RedisError, OSError) as exc:
+                    if not runtime.topology.transient(exc) or _left(deadline, loop) == 0:
+                        raise translate(self._name, "acquire", exc) from exc
+                    delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF) - 1)]
+                    failures += 1
+                    logger.info("waiting for %r: %r; retrying in %.2fs", self._name, exc, delay)
+                    await waiter.sleep(_earlier(loop.time() + delay, deadline))
+                    continue
+                failures = 0
+                self._check_reply(reply, "acquire")
+                if reply.status == 1:
+                    self._adopt(runtime, task, owner, reply, sent_at)
+                    acquired = True
+                    return True
+                if reply.status != 0:
+                    raise LockError(
+                        f"cannot acquire {self._name!r}: the server refused the attempt",
+                        name=self._name,
+                    )
+                ttl = reply.ttl_ms / 1000 if reply.ttl_ms >= 0 else self._lease
+                recheck_at = sent_at + ttl
+                while True:
+                    news = await waiter.sleep(_earlier(recheck_at, deadline))
+                    if waiter.grant is not None:
+                        token, ttl, received_at = waiter.grant
+                        self._check_open(runtime)
+                        self._hold(runtime, task, owner, token, received_at + ttl, True)
+                        acquired = True
+                        return True
+                    if deadline is not None and loop.time() >= deadline:
+                        return False
+                    if news is News.LATER:
+                        recheck_at = waiter.bound
+                        continue
+                    if news is News.TIMER and loop.time() < recheck_at:
+                        continue  # woken for the deadline's sake, which has not passed
+                    break
+        finally:
+            lot.leave(waiter)
+            hub.done_with(channel)
+            if registered and not acquired:
+                # Give the clean-up a moment, so that the registration (or a lock handed over
+                # meanwhile, which it passes on) is gone when the caller sees the outcome; it
+                # goes on in the background if the server is slow to answer.
+                cleanup = self._undo(runtime, self._abandon(owner))
+                await asyncio.wait((cleanup,), timeout=CLEANUP_GRACE)
+
+    # -- holds -----------------------------------------------------------------------------
+
+    def _hold(
+        self,
+        runtime: Runtime,
+        task: asyncio.Task[Any],
+        owner: str,
+        token: int,
+        expires_at: float,
+        confirm: bool,
+    ) -> Hold:
+        hold = Hold(
+            key=self._policy.hold_key,
+            name=self._name,
+            owner=owner,
+            fencing_token=token,
+            lease=self._lease,
+            auto_renew=self._auto_renew,
+            expires_at=expires_at,
+            task=task,
+            renew_call=self._policy.renew_call,
+            on_lost=self._on_lost,
+            spawn=runtime.spawn,
+            confirm=confirm,
+        )
+        runtime.holds[(hold.key, task)] = hold
+        runtime.keeper.add(hold)
+        self._watch(runtime, hold, task)
+        return hold
+
+    def _watch(self, runtime: Runtime, hold: Hold, task: asyncio.Task[Any]) -> None:
+        """Release the hold if its task ends without releasing it (and say so)."""
+        if hold.task_callback is not None:
+            hold.task.remove_done_callback(hold.task_callback)
+        hold.task = task
+
+        def task_ended(_: asyncio.Task[Any]) -> None:
+            if runtime.holds.get((hold.key, task)) is not hold or runtime.closed:
+                return
+            if hold.pending is not None:
+                return  # the release in flight finishes the job (see _release_job)
+            if hold.live:
+                logger.warning(
+                    "task %s ended while holding %r; releasing it", task.get_name(), self._name
+                )
+            self._forget(runtime, hold)
+            if hold.live:
+                hold.state = HoldState.RELEASED
+                self._undo(runtime, self._abandon(hold.owner))
+
+        hold.task_callback = task_ended
+        task.add_done_callback(task_ended)
+
+    def _forget(self, runtime: Runtime, hold: Hold) -> None:
+        if runtime.holds.get((hold.key, hold.task)) is hold:
+            del runtime.holds[(hold.key, hold.task)]
+        runtime.keeper.discard(hold)
+        if hold.task_callback is not None:
+            hold.task.remove_done_callback(hold.task_callback)
+            hold.task_callback = None
+
+    def _lose(self, runtime: Runtime, hold: Hold, reason: str) -> None:
+        runtime.keeper.discard(hold)
+        hold.mark_lost(reason)
+
+    def _held_by(self, task: asyncio.Task[Any], action: str) -> Hold:
+        runtime = existing_runtime(self._redis)
+        hold = None if runtime is None else runtime.holds.get((self._policy.hold_key, task))
+        if hold is None:
+            raise LockNotOwnedError(
+                f"cannot {action} {self._name!r}: not held by this task", name=self._name
+            )
+        return hold
+
+    def _runtime_of(self, hold: Hold) -> Runtime:
+        runtime = existing_runtime(self._redis)
+        if runtime is None:  # pragma: no cover - a hold lives in a runtime
+            raise LockNotOwnedError(f"{self._name!r} is not held", name=self._name)
+        return runtime
+
+    async def _settled(self, hold: Hold) -> None:
+        """Wait for a release of ``hold`` in flight (cancelling the caller does not stop it)."""
+        while hold.pending is not None:
+            await asyncio.shield(hold.pending)
+
+    def _check_live(self, runtime: Runtime, hold: Hold, action: str) -> None:
+        held = runtime.holds.get((hold.key, hold.task)) is hold
+        if not held and hold.state is not HoldState.LOST:
+            raise LockNotOwnedError(
+                f"cannot {action} {self._name!r}: not held by this task (released)",
+                name=self._name,
+            )
+        if hold.state is HoldState.LOST:
+            self._forget(runtime, hold)
+            raise LockLostError(
+                f"cannot {action} {self._name!r}: the lease was lost ({hold.lost_reason})",
+                name=self._name,
+            )
+
+    async def _reenter(self, runtime: Runtime, hold: Hold) -> bool | None:
+        """Re-enter ``hold``; ``None`` when a release in flight ended it (acquire afresh)."""
+        if hold.pending is not None:
+            await self._settled(hold)
+            if runtime.holds.get((hold.key, hold.task)) is not hold:
+                return None
+        self._check_live(runtime, hold, "re-enter")
+        loop = runtime.loop
+        entry = hold.new_entry()
+        sent_at = loop.time()
+        sharded = runtime.topology.sharded
+        owner = hold.owner
+
+        def undo() -> Awaitable[object]:
+            return self._policy.release(self._redis, owner, "entry", entry, sharded)
+
+        try:
+            reply = await self._call(
+                runtime,
+                self._policy.reenter(self._redis, owner, entry, to_ms(self._lease)),
+                undo,
+                None,
+            )
+        except (RedisError, OSError) as exc:
+            raise translate(self._name, "re-enter", exc) from exc
+        self._check_reply(reply, "re-enter")
+        if reply.status != 1:
+            self._lose(runtime, hold, "re-entry found the lock expired or held by another owner")
+            self._forget(runtime, hold)
+            raise LockLostError(
+                f"cannot re-enter {self._name!r}: the lease was lost", name=self._name
+            )
+        if not hold.live:
+            raise LockLostError(
+                f"cannot re-enter {self._name!r}: the lease was lost ({hold.lost_reason})",
+                name=self._name,
+            )
+        hold.entries.append(entry)
+        hold.renewed(sent_at, self._lease)
+        runtime.keeper.reschedule(hold)
+        return True
+
+    # -- release -----------------------------------------------------------------------------
+
+    async def _release(self, runtime: Runtime, hold: Hold, entry: str | None) -> None:
+        await self._settled(hold)
+        self._check_live(runtime, hold, "release")
+        if entry is not None and entry not in hold.entries:
+            return  # that level was already released
+        job = runtime.spawn(self._release_job(runtime, hold, entry), report=False)
+        hold.pending = job
+        await asyncio.shield(job)
+
+    async def _release_job(self, runtime: Runtime, hold: Hold, entry: str | None) -> None:
+        try:
+            if entry is None:
+                await self._release_final(runtime, hold)
+            else:
+                await self._release_entry(runtime, hold, entry)
+        finally:
+            hold.pending = None
+            if (
+                hold.live
+                and hold.task.done()
+                and runtime.holds.get((hold.key, hold.task)) is hold
+                and not runtime.closed
+            ):
+                # The task ended while this release was in flight: nobody releases the rest.
+                logger.warning("task ended while releasing %r; releasing it", self._name)
+                self._forget(runtime, hold)
+                hold.state = HoldState.RELEASED
+                self._undo(runtime, self._abandon(hold.owner))
+
+    async def _release_entry(self, runtime: Runtime, hold: Hold, entry: str) -> None:
+        """Drop one re-entry, retrying transient errors while the lease lasts: the outer hold
+        stays intact, or its loss is signalled — never silently dropped."""
+        sharded = runtime.topology.sharded
+        failures = 0
+        status = detail = 0
+        while True:
+            try:
+                status, detail = await self._policy.release(
+                    self._redis, hold.owner, "entry", entry, sharded
+                )
+                break
+            except MaxConnectionsError:
+                await asyncio.sleep(_POOL_BACKOFF[-1])
+            except (RedisError, OSError) as exc:
+                if not runtime.topology.transient(exc):
+                    raise translate(self._name, "release", exc) from exc
+                if not hold.live:
+                    break
+                delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF) - 1)]
+                failures += 1
+                logger.info("releasing %r failed (%r); retrying", self._name, exc)
+                await asyncio.sleep(min(delay, max(0.01, hold.remaining())))
+            if not hold.live or hold.remaining() == 0:
+                status = -1
+                break
+        if status == -2:
+            raise wrong_type_error(self._name, "release", self._policy.key_of(detail))
+        if status == -1 or not hold.live:
+            self._lose(runtime, hold, "release found the lock expired or held by another owner")
+            self._forget(runtime, hold)
+            raise LockLostError(
+                f"cannot release {self._name!r}: the lease had already ended ({hold.lost_reason})"
+                " — work done under it may have overlapped another holder",
+                name=self._name,
+            )
+        hold.entries.remove(entry)
+
+    async def _release_final(self, runtime: Runtime, hold: Hold) -> None:
+        if hold.entries:
+            logger.warning(
+                "releasing %r with %d inner holds still open: all are released",
+                self._name,
+                len(hold.entries),
+            )
+        hold.state = HoldState.RELEASING
+        sharded = runtime.topology.sharded
+        try:
+            status, index = await self._pool_patient(
+                lambda: self._policy.release(self._redis, hold.owner, "final", "", sharded),
+                hold.expires_at,
+            )
+        except (RedisError, OSError) as exc:
+            hold.state = HoldState.RELEASED
+            self._forget(runtime, hold)
+            self._undo(runtime, self._abandon(hold.owner))
+            raise LockError(
+                f"cannot confirm the release of {self._name!r} ({exc!r}): it is retried in the "
+                "background, and the lock frees itself when its lease ends at the latest",
+                name=self._name,
+            ) from exc
+        if status == -2:
+            hold.state = HoldState.RELEASED
+            self._forget(runtime, hold)
+            error = wrong_type_error(self._name, "release", self._policy.key_of(index))
+            raise LockError(
+                f"{error}; it is no longer renewed and frees itself when its lease ends",
+                name=self._name,
+            )
+        if status == -1:
+            self._lose(runtime, hold, "release found the lock expired or held by another owner")
+            self._forget(runtime, hold)
+            raise LockLostError(
+                f"cannot release {self._name!r}: the lease had already ended (expired or taken "
+                "over) — work done under it may have overlapped another holder",
+                name=self._name,
+            )
+        hold.state = HoldState.RELEASED
+        self._forget(runtime, hold)
+
+
+@final
+class _Guarded:
+    """The context manager returned by :meth:`LockBase.guarded`."""
+
+    __slots__ = ("_hold", "_lock", "_task")
+
+    def __init__(self, lock: LockBase) -> None:
+        self._lock = lock
+        self._hold: Hold | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    async def __aenter__(self) -> Lease:
+        lease = await self._lock.__aenter__()
+        task = _current("guard", self._lock.name)
+        hold = lease._hold
+        self._hold, self._task = hold, task
+        hold.guards[task] = hold.guards.get(task, 0) + 1
+        if hold.state is HoldState.LOST:
+            task.cancel(f"lease on {hold.name!r} lost: {hold.lost_reason}")
+            hold._loss_cancelled.add(task)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        hold, task = self._hold, self._task
+        assert hold is not None and task is not None
+        count = hold.guards.get(task, 0) - 1
+        if count > 0:
+            hold.guards[task] = count
+        else:
+            hold.guards.pop(task, None)
+        by_loss = isinstance(exc, asyncio.CancelledError) and hold.cancelled_by_loss(task)
+        if by_loss:
+            hold._loss_cancelled.discard(task)
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None and uncancel() > 0:
+                by_loss = False  # cancelled from outside as well: that cancellation wins
+        try:
+            await self._lock.__aexit__(exc_type, exc, tb)
+        except LockLostError as lost:
+            if by_loss:
+                raise lost from exc
+            raise
+        if by_loss:
+            raise LockLostError(
+                f"lease on {hold.name!r} lost: {hold.lost_reason}", name=hold.name
+            ) from exc

@@ -1,0 +1,214 @@
+"""Local waiting: a parking lot per lock channel, and the codec of what releases announce.
+
+A :class:`ParkingLot` keeps the tasks of this process that wait for one lock, in arrival order
+(like trio's ``ParkingLot``). At most ``active`` of them — the first ones — talk to Redis; the
+others sleep until one ahead leaves, so a release costs one Redis attempt per process, never a
+herd, and 10,000 waiting tasks cost nothing while they wait. ``active=1`` is head-only
+admission (``Lock``); a primitive that registers every waiter in Redis (``FairLock``) or admits
+several at once (``Semaphore``) asks for more.
+
+What releases announce on the lock's channel is decoded by :func:`decode` into one of three
+things, and anything it does not understand is a :class:`Recheck` — never dropped, since a
+dropped announcement would leave waiters sleeping until their lease-bounded timers fire:
+
+* :class:`Grant` — the lock was handed to these owners (with these fencing tokens) and holds for
+  ``ttl_ms`` at most unless they confirm: a local waiter named there holds it now; any other
+  active waiter knows the lock cannot be free before that claim window ends;
+* :class:`Freed` — ``n`` units were freed (a lock: 1): that many active waiters re-check;
+* :class:`Recheck` — every active waiter re-checks.
+
+Wire format: ``g:<ttl ms>:<owner>:<token>[:<owner>:<token>...]``, ``f:<n>``; anything else means
+"re-check".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, final
+
+__all__ = ("Freed", "Grant", "News", "ParkingLot", "Recheck", "Waiter", "decode")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The lock was handed over: ``owners`` maps each new owner id to its fencing token."""
+
+    ttl_ms: int
+    owners: Mapping[str, int]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """``n`` units of the lock were freed."""
+
+    n: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Recheck:
+    """Something changed (or an announcement was not understood): re-check."""
+
+
+RECHECK: Final = Recheck()
+Announcement = Grant | Freed | Recheck
+
+
+def decode(data: bytes | str) -> Announcement:
+    """Decode one announcement; anything malformed or unknown is :data:`RECHECK`."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    parts = text.split(":")
+    try:
+        if parts[0] == "g" and len(parts) >= 4 and len(parts) % 2 == 0:
+            owners = {parts[i]: int(parts[i + 1]) for i in range(2, len(parts), 2)}
+            return Grant(int(parts[1]), owners)
+        if parts[0] == "f" and len(parts) == 2:
+            return Freed(max(1, int(parts[1])))
+    except ValueError:
+        pass
+    return RECHECK
+
+
+class News(enum.Enum):
+    """Why a sleeping waiter woke."""
+
+    GRANTED = "granted"  # the lock was handed to this waiter (see Waiter.grant)
+    RECHECK = "recheck"  # it may be free: try again
+    LATER = "later"  # handed to someone else: it cannot be free before Waiter.bound
+    TIMER = "timer"  # the sleep's own bound passed
+
+
+@final
+class Waiter:
+    """One task of this process waiting for one lock."""
+
+    __slots__ = ("_loop", "_news", "_signal", "bound", "grant", "owner", "turn")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, owner: str) -> None:
+        self._loop = loop
+        self.owner = owner
+        self.turn: asyncio.Future[None] = loop.create_future()
+        self.grant: tuple[int, float, float] | None = None  # (token, ttl s, received at)
+        self.bound = 0.0  # with News.LATER: the lock cannot be free before this loop time
+        self._news: News | None = None
+        self._signal: asyncio.Future[None] | None = None
+
+    def notify(self, news: News) -> None:
+        """Wake the waiter with ``news`` (a grant or a recheck outranks a later bound)."""
+        if self._news is None or self._news is News.LATER or news is News.GRANTED:
+            self._news = news
+        if self._signal is not None and not self._signal.done():
+            self._signal.set_result(None)
+
+    def granted(self, token: int, ttl_ms: int) -> None:
+        """The lock was handed to this waiter's owner id."""
+        self.grant = (token, ttl_ms / 1000, self._loop.time())
+        self.notify(News.GRANTED)
+
+    def forget_news(self) -> None:
+        """Drop earlier wake-ups: called just before an attempt, whose reply supersedes them
+        (a grant is never dropped: it is kept in :attr:`grant`)."""
+        self._news = None
+
+    async def sleep(self, until: float | None) -> News:
+        """Sleep until notified or until loop time ``until`` (``None``: until notified).
+
+        The task awaits the signal future itself (a timer resolves it on time-out), so news
+        wakes it in the very next loop iteration: this is the hand-over's hot path.
+        """
+        if self._news is None:
+            if until is not None and until <= self._loop.time():
+                return News.TIMER
+            signal = self._signal = self._loop.create_future()
+            timer = None if until is None else self._loop.call_at(until, _wake, signal)
+            try:
+                await signal
+            finally:
+                self._signal = None
+                if timer is not None:
+                    timer.cancel()
+        news, self._news = self._news, None
+        return News.TIMER if news is None else news
+
+
+def _wake(signal: asyncio.Future[None]) -> None:
+    if not signal.done():
+        signal.set_result(None)
+
+
+@final
+class ParkingLot:
+    """The waiters of one lock in this process, in arrival order (module docstring)."""
+
+    __slots__ = ("_active", "by_owner", "linger", "queue")
+
+    def __init__(self, active: int = 1) -> None:
+        self.queue: deque[Waiter] = deque()
+        self.by_owner: dict[str, Waiter] = {}
+        self._active = active
+        self.linger: asyncio.TimerHandle | None = None  # set by the hub while nobody waits
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def join(self, waiter: Waiter) -> None:
+        """Queue ``waiter``; its ``turn`` resolves once it is among the active ones."""
+        self.queue.append(waiter)
+        self.by_owner[waiter.owner] = waiter
+        if len(self.queue) <= self._active:
+            waiter.turn.set_result(None)
+
+    def leave(self, waiter: Waiter) -> None:
+        """Take ``waiter`` off the queue (synchronous: safe in ``finally``); the next in line
+        becomes active."""
+        if self.by_owner.get(waiter.owner) is waiter:
+            del self.by_owner[waiter.owner]
+        try:
+            index = self.queue.index(waiter)
+        except ValueError:
+            return
+        del self.queue[index]
+        if index < self._active and len(self.queue) >= self._active:
+            promoted = self.queue[self._active - 1]
+            if not promoted.turn.done():
+                promoted.turn.set_result(None)
+
+    def _actives(self) -> list[Waiter]:
+        return [self.queue[i] for i in range(min(self._active, len(self.queue)))]
+
+    def deliver(self, news: Announcement) -> bool:
+        """Act on an announcement; ``True`` when it handed the lock to a local waiter."""
+        if isinstance(news, Grant):
+            mine = False
+            for owner, token in news.owners.items():
+                waiter = self.by_owner.get(owner)
+                if waiter is not None:
+                    waiter.granted(token, news.ttl_ms)
+                    mine = True
+            later = asyncio.get_running_loop().time() + news.ttl_ms / 1000
+            for waiter in self._actives():
+                if waiter.owner not in news.owners:
+                    waiter.bound = later
+                    waiter.notify(News.LATER)
+            return mine
+        count = news.n if isinstance(news, Freed) else len(self.queue)
+        for waiter in self._actives()[:count]:
+            waiter.notify(News.RECHECK)
+        return False
+
+    def recheck_all(self) -> None:
+        """Every active waiter re-checks (announcements may have been lost)."""
+        self.deliver(RECHECK)
+
+    def wake_all(self) -> None:
+        """Wake every waiter, active or not (the runtime is closing)."""
+        for waiter in self.queue:
+            waiter.notify(News.RECHECK)
+            if not waiter.turn.done():
+                waiter.turn.set_result(None)

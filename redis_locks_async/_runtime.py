@@ -1,0 +1,321 @@
+"""Topologies and runtimes: how the core reaches the server(s), and what it shares per client.
+
+**Topology** — how to reach the server(s) behind one client: which client runs a lock's scripts,
+how to open a pub/sub connection for a lock's channel, whether announcements are sharded
+(``SPUBLISH``/``SSUBSCRIBE`` on Redis Cluster), and what counts as a transient error. The core
+talks to servers only through a topology: a standalone ``redis.asyncio.Redis`` (also a Sentinel
+master from ``Sentinel.master_for``) is :class:`Standalone`; a cluster or N independent masters
+(``RedLock``) are further implementations of the same protocol.
+
+**Runtime** — everything the locks of one client share on one event loop: the table of holds
+(``(hold key, task) -> Hold``), the lease keeper, a subscription hub per node, and every
+background task of the library. It is found through a weak mapping keyed by the client (no
+attribute is stored on the client) and created on first use on the running loop; a client used
+from a new event loop gets a new runtime (the old loop's tasks are that loop's business).
+
+The one hook: ``client.aclose`` is wrapped on that client instance, so that closing the client
+also closes its runtime — stops renewal, closes the pub/sub connections and cancels every
+background task: no orphan task survives a closed client. Leases held at that moment are
+marked lost (they can no longer be renewed or released) and end on the server when they
+expire; acquisitions in flight fail with :class:`LockError`. After the close, locks on that
+client refuse to work on that loop (create a new client).
+
+**Owner ids** are 128-bit keyed hashes (BLAKE2b) of a per-process counter under a per-process
+secret from :mod:`secrets`, re-drawn after ``fork``: as unguessable as ``secrets.token_hex(16)``
+for anyone without the secret, never repeated, and without a system call per acquisition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import os
+import secrets
+import weakref
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any, Final, Protocol, final
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._errors import LockError
+from ._lease import Hold
+from ._notify import SubscriptionHub
+from ._renewal import LeaseKeeper
+
+__all__ = ("Runtime", "Standalone", "Topology", "new_owner_id", "runtime_for")
+
+logger = logging.getLogger("redis_locks_async")
+
+_CLOSE_GRACE: Final = 2.0  # seconds waiters and cleanups get to tidy up on close
+_HOOKED: Final = "_redis_locks_async_close_hook"
+
+
+class Topology(Protocol):
+    """How the core reaches the server(s) behind one client (module docstring)."""
+
+    @property
+    def client(self) -> Any:
+        """The client that runs scripts (standalone: the user's client)."""
+
+    @property
+    def sharded(self) -> bool:
+        """Whether announcements use sharded pub/sub (``SPUBLISH``/``SSUBSCRIBE``)."""
+
+    def node_of(self, channel: str) -> Hashable:
+        """Which node serves ``channel`` (one subscription hub per node)."""
+
+    def pubsub(self, node: Hashable) -> Any:
+        """A new pub/sub object for ``node``."""
+
+    def transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is worth retrying (the command may not have run)."""
+
+
+_TRANSIENT: Final = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,
+    OSError,
+    TimeoutError,
+    asyncio.TimeoutError,
+)
+
+
+@final
+class Standalone:
+    """One server (or a Sentinel-managed master) behind a ``redis.asyncio.Redis`` client."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: Any) -> None:
+        # Weak: the runtime lives in a weak mapping keyed by the client, which must not be
+        # kept alive by its own value.
+        self._client = weakref.ref(client)
+
+    @property
+    def client(self) -> Any:
+        """The user's client."""
+        client = self._client()
+        if client is None:
+            raise LockError("the redis client was garbage-collected")
+        return client
+
+    @property
+    def sharded(self) -> bool:
+        """Standalone servers use plain pub/sub."""
+        return False
+
+    def node_of(self, channel: str) -> Hashable:
+        """Every channel lives on the one server."""
+        return None
+
+    def pubsub(self, node: Hashable) -> Any:
+        """A pub/sub object on the client's pool."""
+        return self.client.pubsub()
+
+    def transient(self, exc: BaseException) -> bool:
+        """Connection trouble, timeouts, and a demoted master (``READONLY``)."""
+        return isinstance(exc, _TRANSIENT)
+
+
+# -- owner ids ---------------------------------------------------------------------------------
+
+_secret = secrets.token_bytes(32)
+_counter = itertools.count(1)
+
+
+def _reseed() -> None:
+    global _secret, _counter
+    _secret = secrets.token_bytes(32)
+    _counter = itertools.count(1)
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_reseed)
+
+
+def new_owner_id() -> str:
+    """A fresh, unguessable owner id (128 bits, hex; module docstring)."""
+    return hashlib.blake2b(
+        next(_counter).to_bytes(8, "little"), key=_secret, digest_size=16
+    ).hexdigest()
+
+
+# -- runtimes ----------------------------------------------------------------------------------
+
+
+@final
+class Runtime:
+    """What the locks of one client share on one event loop (module docstring)."""
+
+    __slots__ = (
+        "__weakref__",
+        "_finished",
+        "_hubs",
+        "_tasks",
+        "closed",
+        "holds",
+        "keeper",
+        "loop",
+        "topology",
+    )
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.loop = asyncio.get_running_loop()
+        self.closed = False
+        self._finished = False  # the close is complete: nothing may start any more
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.holds: dict[tuple[Hashable, asyncio.Task[Any]], Hold] = {}
+        self.keeper = LeaseKeeper(topology, self.spawn)
+        self._hubs: dict[Hashable, SubscriptionHub] = {}
+
+    # -- background tasks --------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], *, report: bool = True) -> asyncio.Task[Any]:
+        """Run ``coro`` in a background task this runtime tracks (and cancels on close).
+
+        With ``report`` a failure is logged; without, it is left to whoever awaits the task.
+        Once the runtime has shut down, the task is cancelled before it starts.
+        """
+        task = self.loop.create_task(coro)
+        if self._finished:
+            task.cancel()
+            return task
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done if report else self._task_done_quietly)
+        return task
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """Track a task created elsewhere (a command in flight): cancelled on close."""
+        if self._finished:
+            task.cancel()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done_quietly)
+
+    def _task_done_quietly(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the awaiting caller re-raises it, if still there
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background task failed", exc_info=task.exception())
+
+    @property
+    def background_tasks(self) -> set[asyncio.Task[Any]]:
+        """The library's tasks for this runtime that are still running."""
+        return {task for task in self._tasks if not task.done()}
+
+    def _cleanups(self) -> list[asyncio.Task[Any]]:
+        long_lived = {self.keeper.task, asyncio.current_task()}
+        long_lived |= {hub._listener for hub in self._hubs.values()}
+        return [task for task in self._tasks if task not in long_lived and not task.done()]
+
+    @property
+    def pending_cleanups(self) -> int:
+        """How many cleanups, releases and (un)subscriptions are still running."""
+        return len(self._cleanups())
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Wait for pending cleanups and releases (not the keeper or the listeners)."""
+        pending = self._cleanups()
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    # -- pub/sub -----------------------------------------------------------------------------
+
+    def hub(self, channel: str) -> SubscriptionHub:
+        """The subscription hub of the node that serves ``channel``."""
+        node = self.topology.node_of(channel)
+        hub = self._hubs.get(node)
+        if hub is None:
+            if self.closed:
+                raise LockError("the redis client was closed; create a new client to use locks")
+            topology = self.topology
+            hub = self._hubs[node] = SubscriptionHub(
+                lambda: topology.pubsub(node), self.spawn, sharded=topology.sharded
+            )
+        return hub
+
+    def hubs(self) -> list[SubscriptionHub]:
+        """Every subscription hub of this runtime."""
+        return list(self._hubs.values())
+
+    # -- closing -----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop everything this library runs for the client (module docstring)."""
+        if self.closed:
+            return
+        self.closed = True
+        for hold in list(self.holds.values()):
+            hold.mark_lost("the redis client was closed")
+        self.holds.clear()
+        await self.keeper.aclose()
+        for hub in self._hubs.values():
+            hub.wake_all()
+        loop = self.loop
+        deadline = loop.time() + _CLOSE_GRACE
+        for hub in self._hubs.values():
+            await hub.wait_empty(max(0.0, deadline - loop.time()))
+        await self.drain(timeout=max(0.0, deadline - loop.time()))
+        for hub in self._hubs.values():
+            await hub.aclose()
+        self._finished = True
+        tasks = [task for task in self._tasks if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+_RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+
+
+def runtime_for(client: Any, topology: Callable[[Any], Topology] = Standalone) -> Runtime:
+    """The runtime of ``client`` on the running loop (created on first use).
+
+    Raises :class:`LockError` if the client was closed on this loop.
+    """
+    runtime = _RUNTIMES.get(client)
+    loop = asyncio.get_running_loop()
+    if runtime is not None and runtime.loop is loop:
+        if runtime.closed:
+            raise LockError("the redis client was closed; create a new client to use locks")
+        return runtime
+    runtime = _RUNTIMES[client] = Runtime(topology(client))
+    _hook_close(client)
+    return runtime
+
+
+def existing_runtime(client: Any) -> Runtime | None:
+    """The runtime of ``client`` on the running loop, if there is one (no creation)."""
+    runtime = _RUNTIMES.get(client)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return runtime if runtime is not None and runtime.loop is loop else None
+
+
+def _hook_close(client: Any) -> None:
+    if getattr(client, _HOOKED, False):
+        return
+    original = client.aclose
+    ref = weakref.ref(client)
+
+    async def aclose(*args: Any, **kwargs: Any) -> None:
+        target = ref()
+        runtime = existing_runtime(target) if target is not None else None
+        if runtime is not None:
+            await runtime.aclose()
+        await original(*args, **kwargs)
+
+    client.aclose = aclose
+    setattr(client, _HOOKED, True)

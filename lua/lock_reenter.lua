@@ -6,17 +6,14 @@
 -- ARGV[3]  lease in milliseconds from now (> 0)
 -- returns  {1, token, count, lease}  re-entered (count = holds now, this one included)
 --          {-1, 0, 0, 0}             ARGV[1] does not hold the lock (expired or taken over)
---          {-2, 1, 0, 0}             KEYS[1] is not a lock HASH; nothing was changed
+-- A KEYS[1] of another type fails the script with WRONGTYPE; nothing is written.
 -- Idempotent: the entry is a field, so a re-sent re-entry counts once.
 
 local lock, me = KEYS[1], ARGV[1]
-if wrong_type(KEYS, {'hash'}) then
-    return {-2, 1, 0, 0}
-end
-if redis.call('HGET', lock, 'owner') ~= me then
+local held = redis.call('HMGET', lock, 'owner', 'token')
+if held[1] ~= me then
     return {-1, 0, 0, 0}
 end
 redis.call('HSET', lock, 'e:' .. ARGV[2], 1)
 redis.call('PEXPIRE', lock, tonumber(ARGV[3]))
-return {1, tonumber(redis.call('HGET', lock, 'token')), redis.call('HLEN', lock) - 1,
-        tonumber(ARGV[3])}
+return {1, tonumber(held[2]), redis.call('HLEN', lock) - 1, tonumber(ARGV[3])}

@@ -7,32 +7,32 @@
 --                 "final"    the owner's last hold: free the lock or hand it over;
 --                 "abandon"  give up everything ARGV[1] reached (a cancelled or timed-out
 --                            acquisition, or a task that ended holding it): its registration,
---                            and the lock if it was taken or handed over meanwhile
+--                            and the lock if it was taken or handed over meanwhile; ARGV[1] is
+--                            remembered in `done`, so a late attempt of it is refused
 -- ARGV[3]  entry id (mode "entry")
 -- ARGV[4]  channel to announce on
 -- ARGV[5]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
 -- returns  {1, count}  ARGV[1] still holds the lock, count holds
 --          {0, 0}      released (freed or handed over) — also when this very release already
---                      ran (a retrying client sent it again) or there was nothing to abandon
+--                      ran (a retrying client sent it again), or there was nothing to abandon
 --          {-1, 0}     ARGV[1] does not hold the lock: its lease ended (expired, taken over)
---          {-2, i}     KEYS[i] is not of this lock's type; nothing was changed
 -- On a free: the lock is handed to the oldest live registration ("g:..." announced, see
--- prelude.lua, hand_over), or deleted with "f:1" announced. The owner is remembered in `done`.
+-- prelude.lua, hand_over), or deleted with "f:1" announced.
+-- A key of another type fails the script with WRONGTYPE before anything is written.
 
 local lock, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local me, mode = ARGV[1], ARGV[2]
+local me, mode, channel, sharded = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
 
-local bad = wrong_type(KEYS, {'hash', 'hash', 'zset', 'zset'})
-if bad then
-    return {-2, bad}
-end
-unregister(meta, queue, me)
-if redis.call('HGET', lock, 'owner') ~= me then
+local held = redis.call('HMGET', lock, 'owner', 'token')
+if held[1] ~= me then
     if mode == 'abandon' then
-        mark_done(done, me)
+        redis.call('HGET', meta, 'last')  -- reads meta before the first write (type check)
+        redis.call('ZSCORE', done, me)
+        unregister(meta, queue, me)
+        mark_done(done, me, now_us())
         return {0, 0}
     end
-    if mode == 'final' and is_done(done, me) then
+    if mode == 'final' and redis.call('HGET', meta, 'last') == me then
         return {0, 0}
     end
     return {-1, 0}
@@ -41,9 +41,22 @@ if mode == 'entry' then
     redis.call('HDEL', lock, 'e:' .. ARGV[3])
     return {1, redis.call('HLEN', lock) - 1}
 end
-redis.call('DEL', lock)
-mark_done(done, me)
-if not hand_over(lock, meta, queue, ARGV[4], ARGV[5]) then
-    announce(ARGV[4], ARGV[5], 'f:1')
+
+local waiting = redis.call('ZRANGE', queue, 0, 0)[1]  -- reads queue first (type check)
+local now = nil
+if mode == 'abandon' then
+    redis.call('ZSCORE', done, me)
+    now = now_us()
 end
+record_release(meta, held[2], me)
+redis.call('DEL', lock)
+if mode == 'abandon' then
+    unregister(meta, queue, me)
+    mark_done(done, me, now)
+end
+if waiting and hand_over(lock, meta, queue, channel, sharded, now or now_us()) then
+    return {0, 0}
+end
+redis.call('PEXPIRE', meta, AUX_TAIL_MS)  -- nobody is registered any more
+announce(channel, sharded, 'f:1')
 return {0, 0}

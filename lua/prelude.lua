@@ -2,6 +2,12 @@
 -- _scripts.py prepends it to each script before computing the script's SHA1, so each script
 -- reads as if these were built in. Nothing here reads KEYS or ARGV.
 --
+-- Cost matters (each redis.call is a round through the command table): the hot paths — take a
+-- free lock, free it with nobody waiting — make a handful of calls each. Wrong-type keys are
+-- detected without extra calls: every script reads each key it will write before its first
+-- write, and a read of a key of the wrong type fails the script (WRONGTYPE) before anything
+-- was written; the client then names the key.
+--
 -- Time is the server's (TIME), in microseconds (< 2^53, exact in a Lua number). Numbers are
 -- never concatenated with `..` (Lua formats them with %.14g, which rounds 16-digit values):
 -- `int` formats them exactly.
@@ -13,18 +19,6 @@ end
 local function now_us()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
--- The index of the first key whose type is neither 'none' nor the expected one, or nil.
--- Scripts call it before their first write, so a wrong-type key never leaves a partial write.
-local function wrong_type(keys, types)
-    for i, want in ipairs(types) do
-        local got = redis.call('TYPE', keys[i])['ok']
-        if got ~= 'none' and got ~= want then
-            return i
-        end
-    end
-    return nil
 end
 
 -- Make an existing `key` live at least `ms` more milliseconds (never shortens its TTL).
@@ -39,26 +33,28 @@ end
 -- command (a client retrying after a lost reply) to find the traces it needs.
 local AUX_TAIL_MS = 60000
 
--- The next fencing token of a lock: above every token the counter remembers, and never below
--- the server's clock in microseconds, so tokens keep increasing after the counter is lost
--- (restart without persistence, eviction, failover to a replica that missed writes), within
--- the servers' clock skew. `meta` is a HASH with field `fence`.
-local function next_fence(meta)
+-- The next fencing token of a lock: above the last token a release recorded in `meta` (a
+-- HASH, field fence), and never below the server's clock in microseconds — so tokens keep
+-- increasing after the record is gone (expired, evicted, a restart without persistence, a
+-- failover to a replica that missed writes), within the servers' clock skew.
+local function next_fence(meta, now)
     local last = tonumber(redis.call('HGET', meta, 'fence') or '0')
-    local token = math.max(last + 1, now_us())
-    redis.call('HSET', meta, 'fence', int(token))
-    keep(meta, AUX_TAIL_MS)
-    return token
+    return math.max(last + 1, now)
 end
 
--- Owners whose hold ended (released, or abandoned by a cancelled acquisition) are remembered
--- in `done`, a ZSET of the most recent DONE_KEEP owners: a re-sent release then reports
--- "released" instead of "lost", and a late duplicate of an acquisition cannot take the lock
--- for an owner that already gave up.
+-- What a release leaves behind in `meta`: the token it ended (the fence floor) and its owner,
+-- so that the same release re-sent by a retrying client reports "released", not "lost".
+local function record_release(meta, token, owner)
+    redis.call('HSET', meta, 'fence', token, 'last', owner)
+end
+
+-- Owners that gave up (a cancelled or timed-out acquisition, a task that ended holding the
+-- lock) are remembered in `done`, a ZSET of the most recent DONE_KEEP such owners: an attempt
+-- of theirs that reaches the server late (another connection, a slow network) is refused.
 local DONE_KEEP = 64
 
-local function mark_done(done, owner)
-    redis.call('ZADD', done, now_us(), owner)
+local function mark_done(done, owner, now)
+    redis.call('ZADD', done, now, owner)
     redis.call('ZREMRANGEBYRANK', done, 0, -(DONE_KEEP + 1))
     keep(done, AUX_TAIL_MS)
 end
@@ -78,12 +74,10 @@ end
 -- Waiter registrations: `queue` is a ZSET owner -> arrival (server microseconds), and `meta`
 -- holds "w:<owner>" -> "<deadline ms>:<lease ms>:<claim ms>". A registration is live until its
 -- deadline (server time); the waiter's next attempt refreshes it.
-local function register(meta, queue, owner, lease, claim, lives)
-    local now = now_us()
-    local now_ms = math.floor(now / 1000)
+local function register(meta, queue, owner, now, lease, claim, lives)
     redis.call('ZADD', queue, 'NX', now, owner)
     redis.call('HSET', meta, 'w:' .. owner,
-        int(now_ms + lives) .. ':' .. int(lease) .. ':' .. int(claim))
+        int(math.floor(now / 1000) + lives) .. ':' .. int(lease) .. ':' .. int(claim))
     keep(queue, lives + AUX_TAIL_MS)
     keep(meta, lives + AUX_TAIL_MS)
 end
@@ -98,9 +92,10 @@ end
 -- dead registrations on the way, and announce it: "g:<ttl ms>:<owner>:<token>". The grantee
 -- gets only its claim window (ttl = min(claim, lease)) until it confirms by renewing: a waiter
 -- that died while registered delays the next one by at most its claim window. Returns the new
--- owner, or nil when nobody live waits (the lock is then left free).
-local function hand_over(lock, meta, queue, channel, sharded)
-    local now_ms = math.floor(now_us() / 1000)
+-- owner, or nil when nobody live waits (the lock is then left free). The caller has read
+-- `queue` and `meta` already (or reads them here first: ZRANGE, HGET).
+local function hand_over(lock, meta, queue, channel, sharded, now)
+    local now_ms = math.floor(now / 1000)
     while true do
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
         if not head then
@@ -113,9 +108,10 @@ local function hand_over(lock, meta, queue, channel, sharded)
             local deadline, lease, claim = string.match(entry, '^(%d+):(%d+):(%d+)$')
             if deadline and tonumber(deadline) >= now_ms then
                 local ttl = math.min(tonumber(lease), tonumber(claim))
-                local token = next_fence(meta)
+                local token = next_fence(meta, now)
                 redis.call('HSET', lock, 'owner', head, 'token', int(token))
                 redis.call('PEXPIRE', lock, ttl)
+                keep(meta, ttl + AUX_TAIL_MS)
                 announce(channel, sharded, 'g:' .. int(ttl) .. ':' .. head .. ':' .. int(token))
                 return head
             end

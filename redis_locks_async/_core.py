@@ -62,7 +62,7 @@ from ._keys import LockKeys
 from ._lease import Hold, HoldState, Lease, LostCallback, RenewCall
 from ._parking import News, Waiter
 from ._runtime import Runtime, existing_runtime, new_owner_id, runtime_for
-from ._scripts import translate, wrong_type_error
+from ._scripts import explain, wrong_type_error
 from ._validation import check_lease, check_name, check_timeout, to_ms
 
 try:  # newer redis-py raise it for an exhausted pool; older ones a ConnectionError
@@ -87,6 +87,9 @@ CLEANUP_GRACE: Final = 0.5  # seconds a waiter that gives up waits for its clean
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
 _EAGER: Final = sys.version_info >= (3, 12)
+# Awaiting redis-py in the caller's task is safe only where a swallowed cancellation can be
+# seen (Task.cancelling(), Python 3.11+); Python 3.10 runs every command in a job task.
+_DIRECT: Final = sys.version_info >= (3, 11)
 
 
 class _Unset(enum.Enum):
@@ -139,6 +142,12 @@ class Policy(ABC):
 
     def __init__(self, name: str) -> None:
         self.keys = LockKeys.for_name(name, self.kind)
+
+    @property
+    def key_types(self) -> tuple[tuple[str | bytes, str], ...]:
+        """Each key of the lock with the Redis type it must have (to name a wrong-type key)."""
+        keys = self.keys
+        return ((keys.name, "hash"), (keys.meta, "hash"), (keys.queue, "zset"), (keys.done, "zset"))
 
     @property
     def hold_key(self) -> Hashable:
@@ -257,6 +266,12 @@ async def _job(coro: Awaitable[_T], reply: asyncio.Future[_T]) -> None:
 def _expire(reply: asyncio.Future[Any]) -> None:
     if not reply.done():
         reply.set_exception(_Expired())
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> int:
+    """Pending cancellation requests of ``task`` (always 0 before Python 3.11)."""
+    cancelling = getattr(task, "cancelling", None)
+    return 0 if cancelling is None else int(cancelling())
 
 
 def _left(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:
@@ -395,7 +410,7 @@ class LockBase:
         try:
             return await self._policy.locked(self._redis)
         except (RedisError, OSError) as exc:
-            raise translate(self._name, "inspect", exc) from exc
+            raise await self._explain(exc, "inspect") from exc
 
     async def acquire(
         self, timeout: float | _Unset | None = UNSET, *, blocking: bool = True
@@ -453,7 +468,7 @@ class LockBase:
         try:
             renewed = await self._call(runtime, script.run(self._redis, keys, args), None, None)
         except (RedisError, OSError) as exc:
-            raise translate(self._name, "extend", exc) from exc
+            raise await self._explain(exc, "extend") from exc
         if int(renewed) != 1:  # type: ignore[call-overload]
             self._lose(runtime, hold, "extend found the lock expired or held by another owner")
             self._forget(runtime, hold)
@@ -601,6 +616,48 @@ class LockBase:
             if timer is not None:
                 timer.cancel()
 
+    async def _direct(
+        self,
+        runtime: Runtime,
+        command: Coroutine[Any, Any, _T],
+        undo: Callable[[], Awaitable[object]] | None,
+    ) -> _T:
+        """Await ``command`` in the caller's task (the hot path: no job task); ``undo`` is sent
+        in the background if the caller is cancelled or the command fails in a way after which
+        it may still have run. An undo is fenced on the server, so it is safe whenever it lands.
+
+        On Python 3.11, redis-py's use of ``asyncio.wait_for`` can swallow a cancellation that
+        lands as the reply arrives; ``Task.cancelling()`` shows it, and it is raised here.
+        """
+        if not _DIRECT:
+            return await self._call(runtime, command, undo, None)
+        task = asyncio.current_task()
+        before = _cancelling(task)
+        try:
+            reply = await command
+        except asyncio.CancelledError:
+            if undo is not None:
+                self._undo(runtime, undo)
+            raise
+        except BaseException as exc:
+            if (
+                undo is not None
+                and runtime.topology.transient(exc)
+                and not isinstance(exc, MaxConnectionsError)
+            ):
+                self._undo(runtime, undo)
+            raise
+        if _cancelling(task) > before:
+            if undo is not None:
+                self._undo(runtime, undo)
+            raise asyncio.CancelledError()
+        return reply
+
+    async def _explain(self, exc: BaseException, action: str) -> LockError:
+        """``exc`` (from redis-py) as a :class:`LockError` that names the lock, and the key
+        when one has the wrong type."""
+        return await explain(self._redis, self._name, action, exc, self._policy.key_types)
+
     def _undo(
         self, runtime: Runtime, undo: Callable[[], Awaitable[object]]
     ) -> asyncio.Task[None]:
@@ -656,11 +713,8 @@ class LockBase:
         if reply.status == -2:
             raise wrong_type_error(self._name, action, self._policy.key_of(reply.token))
 
-    async def _attempt(
-        self, runtime: Runtime, owner: str, wait: bool, deadline: float | None
-    ) -> Reply:
-        """One acquisition attempt for ``owner`` (undone if the caller gives up)."""
-        command = self._policy.attempt(
+    def _attempt_command(self, owner: str, wait: bool) -> Coroutine[Any, Any, Reply]:
+        return self._policy.attempt(
             self._redis,
             owner,
             to_ms(self._lease),
@@ -668,7 +722,15 @@ class LockBase:
             to_ms(REGISTRATION_GRACE + self._claim),
             to_ms(self._claim),
         )
-        return await self._call(runtime, command, self._abandon(owner), deadline)
+
+    async def _attempt(
+        self, runtime: Runtime, owner: str, wait: bool, deadline: float | None
+    ) -> Reply:
+        """One acquisition attempt for ``owner``, bounded by ``deadline`` (undone if the
+        caller gives up)."""
+        return await self._call(
+            runtime, self._attempt_command(owner, wait), self._abandon(owner), deadline
+        )
 
     async def _acquire(
         self, runtime: Runtime, task: asyncio.Task[Any], timeout: float | None
@@ -677,14 +739,24 @@ class LockBase:
         deadline = None if timeout is None else loop.time() + timeout
         owner = new_owner_id()
         channel = self._policy.keys.channel
-        if not any(hub.waiters(channel) for hub in runtime.hubs()):
-            # Nobody here waits for this lock: one plain attempt first (the fast path).
+        if not runtime.contended(channel):
+            # Nobody here waits for this lock: one plain attempt first (the fast path), and
+            # only one at a time per lock (others queue behind it, in the parking lot).
             bound = loop.time() + TRY_BOUND if timeout == 0 else deadline
             sent_at = loop.time()
+            runtime.trying.add(channel)
             try:
-                reply = await self._pool_patient(
-                    lambda: self._attempt(runtime, owner, False, bound), deadline
-                )
+                if bound is None:
+                    reply = await self._pool_patient(
+                        lambda: self._direct(
+                            runtime, self._attempt_command(owner, False), self._abandon(owner)
+                        ),
+                        None,
+                    )
+                else:
+                    reply = await self._pool_patient(
+                        lambda: self._attempt(runtime, owner, False, bound), deadline
+                    )
             except _Expired:
                 if timeout == 0:
                     raise LockError(
@@ -694,7 +766,9 @@ class LockBase:
                     ) from None
                 return False
             except (RedisError, OSError) as exc:
-                raise translate(self._name, "acquire", exc) from exc
+                raise await self._explain(exc, "acquire") from exc
+            finally:
+                runtime.trying.discard(channel)
             self._check_reply(reply, "acquire")
             if reply.status == 1:
                 self._adopt(runtime, task, owner, reply, sent_at)
@@ -744,17 +818,7 @@ class LockBase:
                 try:
                     reply = await self._pool_patient(
                         lambda: self._call(
-                            runtime,
-                            self._policy.attempt(
-                                self._redis,
-                                owner,
-                                to_ms(self._lease),
-                                True,
-                                to_ms(REGISTRATION_GRACE + self._claim),
-                                to_ms(self._claim),
-                            ),
-                            None,
-                            deadline,
+                            runtime, self._attempt_command(owner, True), None, deadline
                         ),
                         deadline,
                     )
@@ -762,7 +826,7 @@ class LockBase:
                     return False
                 except (RedisError, OSError) as exc:
                     if not runtime.topology.transient(exc) or _left(deadline, loop) == 0:
-                        raise translate(self._name, "acquire", exc) from exc
+                        raise await self._explain(exc, "acquire") from exc
                     delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF) - 1)]
                     failures += 1
                     logger.info("waiting for %r: %r; retrying in %.2fs", self._name, exc, delay)
@@ -923,14 +987,11 @@ class LockBase:
             return self._policy.release(self._redis, owner, "entry", entry, sharded)
 
         try:
-            reply = await self._call(
-                runtime,
-                self._policy.reenter(self._redis, owner, entry, to_ms(self._lease)),
-                undo,
-                None,
+            reply = await self._direct(
+                runtime, self._policy.reenter(self._redis, owner, entry, to_ms(self._lease)), undo
             )
         except (RedisError, OSError) as exc:
-            raise translate(self._name, "re-enter", exc) from exc
+            raise await self._explain(exc, "re-enter") from exc
         self._check_reply(reply, "re-enter")
         if reply.status != 1:
             self._lose(runtime, hold, "re-entry found the lock expired or held by another owner")
@@ -955,9 +1016,28 @@ class LockBase:
         self._check_live(runtime, hold, "release")
         if entry is not None and entry not in hold.entries:
             return  # that level was already released
-        job = runtime.spawn(self._release_job(runtime, hold, entry), report=False)
-        hold.pending = job
-        await asyncio.shield(job)
+        if not _DIRECT:
+            job = runtime.spawn(self._release_job(runtime, hold, entry), report=False)
+            hold.pending = job
+            await asyncio.shield(job)
+            return
+        task = asyncio.current_task()
+        before = _cancelling(task)
+        try:
+            if entry is None:
+                await self._release_final(runtime, hold)
+            else:
+                await self._release_entry(runtime, hold, entry)
+        except asyncio.CancelledError:
+            # Cancelling a release does not stop it: it is sent again (every release is
+            # idempotent) in the background, which also finishes the bookkeeping.
+            if hold.live and hold.pending is None:
+                hold.pending = runtime.spawn(
+                    self._release_job(runtime, hold, entry), report=False
+                )
+            raise
+        if _cancelling(task) > before:
+            raise asyncio.CancelledError()  # swallowed by redis-py; the release is done
 
     async def _release_job(self, runtime: Runtime, hold: Hold, entry: str | None) -> None:
         try:
@@ -984,10 +1064,10 @@ class LockBase:
         stays intact, or its loss is signalled — never silently dropped."""
         sharded = runtime.topology.sharded
         failures = 0
-        status = detail = 0
+        status = 0
         while True:
             try:
-                status, detail = await self._policy.release(
+                status, _ = await self._policy.release(
                     self._redis, hold.owner, "entry", entry, sharded
                 )
                 break
@@ -995,7 +1075,7 @@ class LockBase:
                 await asyncio.sleep(_POOL_BACKOFF[-1])
             except (RedisError, OSError) as exc:
                 if not runtime.topology.transient(exc):
-                    raise translate(self._name, "release", exc) from exc
+                    raise await self._explain(exc, "release") from exc
                 if not hold.live:
                     break
                 delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF) - 1)]
@@ -1005,8 +1085,6 @@ class LockBase:
             if not hold.live or hold.remaining() == 0:
                 status = -1
                 break
-        if status == -2:
-            raise wrong_type_error(self._name, "release", self._policy.key_of(detail))
         if status == -1 or not hold.live:
             self._lose(runtime, hold, "release found the lock expired or held by another owner")
             self._forget(runtime, hold)
@@ -1027,27 +1105,25 @@ class LockBase:
         hold.state = HoldState.RELEASING
         sharded = runtime.topology.sharded
         try:
-            status, index = await self._pool_patient(
+            status, _ = await self._pool_patient(
                 lambda: self._policy.release(self._redis, hold.owner, "final", "", sharded),
                 hold.expires_at,
             )
         except (RedisError, OSError) as exc:
             hold.state = HoldState.RELEASED
             self._forget(runtime, hold)
-            self._undo(runtime, self._abandon(hold.owner))
-            raise LockError(
-                f"cannot confirm the release of {self._name!r} ({exc!r}): it is retried in the "
-                "background, and the lock frees itself when its lease ends at the latest",
-                name=self._name,
-            ) from exc
-        if status == -2:
-            hold.state = HoldState.RELEASED
-            self._forget(runtime, hold)
-            error = wrong_type_error(self._name, "release", self._policy.key_of(index))
+            if runtime.topology.transient(exc):
+                self._undo(runtime, self._abandon(hold.owner))
+                raise LockError(
+                    f"cannot confirm the release of {self._name!r} ({exc!r}): it is retried in "
+                    "the background, and the lock frees itself when its lease ends at the latest",
+                    name=self._name,
+                ) from exc
+            error = await self._explain(exc, "release")
             raise LockError(
                 f"{error}; it is no longer renewed and frees itself when its lease ends",
                 name=self._name,
-            )
+            ) from exc
         if status == -1:
             self._lose(runtime, hold, "release found the lock expired or held by another owner")
             self._forget(runtime, hold)

@@ -162,6 +162,7 @@ class Runtime:
         "keeper",
         "loop",
         "topology",
+        "trying",
     )
 
     def __init__(self, topology: Topology) -> None:
@@ -171,6 +172,7 @@ class Runtime:
         self._finished = False  # the close is complete: nothing may start any more
         self._tasks: set[asyncio.Task[Any]] = set()
         self.holds: dict[tuple[Hashable, asyncio.Task[Any]], Hold] = {}
+        self.trying: set[str] = set()  # channels with an uncontended attempt in flight
         self.keeper = LeaseKeeper(topology, self.spawn)
         self._hubs: dict[Hashable, SubscriptionHub] = {}
 
@@ -243,6 +245,13 @@ class Runtime:
                 lambda: topology.pubsub(node), self.spawn, sharded=topology.sharded
             )
         return hub
+
+    def contended(self, channel: str) -> bool:
+        """Whether a local task waits for (or is attempting) the lock of ``channel``."""
+        if channel in self.trying:
+            return True
+        hub = self._hubs.get(self.topology.node_of(channel))
+        return hub is not None and hub.waiters(channel) > 0
 
     def hubs(self) -> list[SubscriptionHub]:
         """Every subscription hub of this runtime."""

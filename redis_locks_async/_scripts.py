@@ -22,11 +22,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Final, Protocol, final
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
 
-__all__ = ("EncodableArg", "Script", "ScriptClient", "key_text", "translate")
+__all__ = ("EncodableArg", "Script", "ScriptClient", "explain", "key_text", "translate")
 
 EncodableArg = str | int | float | bytes
 
@@ -91,6 +91,27 @@ def wrong_type_error(lock_name: str, action: str, key: str | bytes) -> LockError
         "holds a value of the wrong type, or foreign data); nothing was changed",
         name=lock_name,
     )
+
+
+async def explain(
+    client: object,
+    lock_name: str,
+    action: str,
+    exc: BaseException,
+    key_types: Sequence[tuple[str | bytes, str]],
+) -> LockError:
+    """:func:`translate`, naming the key when the error is ``WRONGTYPE``: each of
+    ``key_types`` (key, expected type) is probed with ``TYPE`` (only on this error path)."""
+    if isinstance(exc, ResponseError) and "WRONGTYPE" in str(exc):
+        for key, expected in key_types:
+            try:
+                kind = await client.type(key)  # type: ignore[attr-defined]
+            except RedisError:
+                break
+            text = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if text not in ("none", expected):
+                return wrong_type_error(lock_name, action, key)
+    return translate(lock_name, action, exc)
 
 
 def translate(lock_name: str, action: str, exc: BaseException) -> LockError:

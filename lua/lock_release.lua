@@ -17,7 +17,8 @@
 --                      ran (a retrying client sent it again), or there was nothing to abandon
 --          {-1, 0}     ARGV[1] does not hold the lock: its lease ended (expired, taken over)
 -- On a free: the lock is handed to the oldest live registration ("g:..." announced, see
--- prelude.lua, hand_over), or deleted with "f:1" announced.
+-- prelude.lua, hand_over), or deleted — with "f:1" announced when registrations were found
+-- dead on the way (with nobody registered, every waiter has an attempt or a timer coming).
 -- A key of another type fails the script with WRONGTYPE before anything is written.
 
 local lock, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -54,9 +55,7 @@ if mode == 'abandon' then
     unregister(meta, queue, me)
     mark_done(done, me, now)
 end
-if waiting and hand_over(lock, meta, queue, channel, sharded, now or now_us()) then
-    return {0, 0}
+if waiting and not hand_over(lock, meta, queue, channel, sharded, now or now_us()) then
+    announce(channel, sharded, 'f:1')
 end
-redis.call('PEXPIRE', meta, AUX_TAIL_MS)  -- nobody is registered any more
-announce(channel, sharded, 'f:1')
 return {0, 0}

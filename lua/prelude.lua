@@ -43,9 +43,12 @@ local function next_fence(meta, now)
 end
 
 -- What a release leaves behind in `meta`: the token it ended (the fence floor) and its owner,
--- so that the same release re-sent by a retrying client reports "released", not "lost".
+-- so that the same release re-sent by a retrying client reports "released", not "lost". A
+-- `meta` created here gets its TTL; one that existed has one already (every writer sets it).
 local function record_release(meta, token, owner)
-    redis.call('HSET', meta, 'fence', token, 'last', owner)
+    if redis.call('HSET', meta, 'fence', token, 'last', owner) == 2 then
+        keep(meta, AUX_TAIL_MS)
+    end
 end
 
 -- Owners that gave up (a cancelled or timed-out acquisition, a task that ended holding the

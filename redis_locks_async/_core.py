@@ -59,10 +59,10 @@ from redis.exceptions import RedisError
 
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
-from ._lease import Hold, HoldState, Lease, LostCallback, RenewCall
+from ._lease import Hold, HoldState, Lease, LostCallback
 from ._parking import News, Waiter
 from ._runtime import Runtime, existing_runtime, new_owner_id, runtime_for
-from ._scripts import explain, wrong_type_error
+from ._scripts import Call, explain, ints, wrong_type_error
 from ._validation import check_lease, check_name, check_timeout, to_ms
 
 try:  # newer redis-py raise it for an exhausted pool; older ones a ConnectionError
@@ -127,12 +127,13 @@ class Reply(NamedTuple):
 class Policy(ABC):
     """What a primitive supplies to the core (module docstring). One instance per lock object.
 
-    Scripts run on ``client`` (the topology's client for the lock's key). Release modes:
-    ``"entry"`` drops one re-entry (``entry``), ``"final"`` ends the owner's last hold,
-    ``"abandon"`` gives up everything an owner id reached (registration, a hand-over, a hold)
-    and marks it finished. Replies of ``release``: ``(1, count)`` still held, ``(0, 0)``
-    released (or already released), ``(-1, 0)`` not held (lost), ``(-2, i)`` key ``i`` of the
-    wrong type.
+    The script methods return the :class:`~._scripts.Call` to run; the core runs it on the
+    topology's client, with the reply shapes of this contract: ``attempt`` and ``reenter``
+    answer four integers (:class:`Reply`), ``release`` two — ``(1, count)`` still held,
+    ``(0, 0)`` released (or already released), ``(-1, 0)`` not held (lost) — and ``renew``
+    1 (renewed) or 0 (lost). Release modes: ``"entry"`` drops one re-entry (``entry``),
+    ``"final"`` ends the owner's last hold, ``"abandon"`` gives up everything an owner id
+    reached (a registration, a hand-over, a hold) and fences it against its own late attempts.
     """
 
     kind: ClassVar[str] = "lock"
@@ -160,24 +161,20 @@ class Policy(ABC):
         return keys[index - 1] if 1 <= index <= len(keys) else keys[0]
 
     @abstractmethod
-    async def attempt(
-        self, client: Any, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int
-    ) -> Reply:
+    def attempt(self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int) -> Call:
         """Take the lock for ``owner`` if it is free; with ``wait``, register to be handed it."""
 
     @abstractmethod
-    async def reenter(self, client: Any, owner: str, entry: str, lease_ms: int) -> Reply:
+    def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
         """Add re-entry ``entry`` to ``owner``'s hold and renew its lease."""
 
     @abstractmethod
-    async def release(
-        self, client: Any, owner: str, mode: str, entry: str, sharded: bool
-    ) -> tuple[int, int]:
+    def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """Release in ``mode`` (class docstring)."""
 
     @abstractmethod
-    def renew_call(self, owner: str, lease: float) -> RenewCall:
-        """The script call that renews ``owner``'s lease to ``lease`` seconds (pipelined)."""
+    def renew(self, owner: str, lease: float) -> Call:
+        """Renew ``owner``'s lease to ``lease`` seconds (pipelined by the lease keeper)."""
 
     @abstractmethod
     async def locked(self, client: Any) -> bool:
@@ -270,8 +267,7 @@ def _expire(reply: asyncio.Future[Any]) -> None:
 
 def _cancelling(task: asyncio.Task[Any] | None) -> int:
     """Pending cancellation requests of ``task`` (always 0 before Python 3.11)."""
-    cancelling = getattr(task, "cancelling", None)
-    return 0 if cancelling is None else int(cancelling())
+    return task.cancelling() if _DIRECT and task is not None else 0  # type: ignore[attr-defined]
 
 
 def _left(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:
@@ -296,9 +292,13 @@ class LockBase:
 
     __slots__ = (
         "_auto_renew",
+        "_cached",
         "_claim",
+        "_claim_ms",
         "_entered",
+        "_grace_ms",
         "_lease",
+        "_lease_ms",
         "_name",
         "_on_lost",
         "_policy",
@@ -322,6 +322,9 @@ class LockBase:
         self._lease = check_lease(lease)
         self._timeout = check_timeout(timeout)
         self._claim = check_lease(claim_timeout, "claim_timeout")
+        self._lease_ms = to_ms(self._lease)
+        self._claim_ms = to_ms(self._claim)
+        self._grace_ms = to_ms(REGISTRATION_GRACE + self._claim)
         if not isinstance(auto_renew, bool):
             raise TypeError(f"auto_renew must be a bool, not {type(auto_renew).__name__}")
         if on_lost is not None and not callable(on_lost):
@@ -333,6 +336,7 @@ class LockBase:
             )
         self._redis = redis
         self._topology: Callable[[Any], Topology] | None = None
+        self._cached: Runtime | None = None
         self._auto_renew = auto_renew
         self._on_lost = on_lost
         self._policy = self._policy_class(self._name)
@@ -385,19 +389,38 @@ class LockBase:
         return hold.view if hold is not None else None
 
     def _runtime(self) -> Runtime:
-        if self._topology is None:
-            return runtime_for(self._redis)
-        return runtime_for(self._redis, self._topology)
+        """The runtime of this lock's client on the running loop (created on first use)."""
+        runtime = self._cached
+        if runtime is None or runtime.closed or runtime.loop is not asyncio.get_running_loop():
+            if self._topology is None:
+                runtime = runtime_for(self._redis)
+            else:
+                runtime = runtime_for(self._redis, self._topology)
+            self._cached = runtime
+        return runtime
+
+    def _existing(self) -> Runtime | None:
+        """The runtime of this lock's client on the running loop, if there is one."""
+        runtime = self._cached
+        if runtime is not None and runtime.loop is asyncio.get_running_loop():
+            return runtime
+        runtime = existing_runtime(self._redis)
+        if runtime is not None:
+            self._cached = runtime
+        return runtime
 
     def _local_hold(self) -> Hold | None:
         task = asyncio.current_task()
-        runtime = existing_runtime(self._redis)
+        runtime = self._existing() if task is not None else None
         if task is None or runtime is None:
             return None
         return runtime.holds.get((self._policy.hold_key, task))
 
     def _local_waiters(self) -> int:
-        runtime = existing_runtime(self._redis)
+        try:
+            runtime = self._existing()
+        except RuntimeError:  # no running loop
+            return 0
         if runtime is None:
             return 0
         channel = self._policy.keys.channel
@@ -447,8 +470,7 @@ class LockBase:
         stop the release.
         """
         task = _current("release", self._name)
-        hold = self._held_by(task, "release")
-        runtime = self._runtime_of(hold)
+        runtime, hold = self._held_by(task, "release")
         await self._release(runtime, hold, hold.entries[-1] if hold.entries else None)
 
     async def extend(self, lease: float | None = None) -> None:
@@ -458,15 +480,15 @@ class LockBase:
         """
         length = self._lease if lease is None else check_lease(lease)
         task = _current("extend", self._name)
-        hold = self._held_by(task, "extend")
-        runtime = self._runtime_of(hold)
+        runtime, hold = self._held_by(task, "extend")
         await self._settled(hold)
         self._check_live(runtime, hold, "extend")
         loop = runtime.loop
         sent_at = loop.time()
-        script, keys, args = self._policy.renew_call(hold.owner, length)
         try:
-            renewed = await self._call(runtime, script.run(self._redis, keys, args), None, None)
+            renewed = await self._call(
+                runtime, self._policy.renew(hold.owner, length).run(self._redis), None, None
+            )
         except (RedisError, OSError) as exc:
             raise await self._explain(exc, "extend") from exc
         if int(renewed) != 1:  # type: ignore[call-overload]
@@ -492,10 +514,9 @@ class LockBase:
         Leaving an ``async with lock:`` block whose hold was transferred releases nothing.
         """
         current = _current("transfer", self._name)
-        hold = self._held_by(current, "transfer")
+        runtime, hold = self._held_by(current, "transfer")
         if task is current:
             return hold.view
-        runtime = self._runtime_of(hold)
         if task.done():
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task has already ended",
@@ -550,7 +571,7 @@ class LockBase:
             return  # transferred to another task, which releases it
         if entry is not None and entry not in hold.entries:
             return  # this level was released explicitly inside the block
-        runtime = existing_runtime(self._redis)
+        runtime = self._existing()
         try:
             if runtime is None or runtime.holds.get((hold.key, task)) is not hold:
                 if hold.state is HoldState.LOST:
@@ -619,22 +640,28 @@ class LockBase:
     async def _direct(
         self,
         runtime: Runtime,
-        command: Coroutine[Any, Any, _T],
+        call: Call,
         undo: Callable[[], Awaitable[object]] | None,
-    ) -> _T:
-        """Await ``command`` in the caller's task (the hot path: no job task); ``undo`` is sent
-        in the background if the caller is cancelled or the command fails in a way after which
-        it may still have run. An undo is fenced on the server, so it is safe whenever it lands.
+    ) -> object:
+        """Run ``call`` in the caller's task (the hot path: no job task) and return its raw
+        reply; ``undo`` is sent in the background if the caller is cancelled or the command
+        fails in a way after which it may still have run. An undo is fenced on the server, so
+        it is safe whenever it lands. An exhausted connection pool is waited out.
 
         On Python 3.11, redis-py's use of ``asyncio.wait_for`` can swallow a cancellation that
         lands as the reply arrives; ``Task.cancelling()`` shows it, and it is raised here.
         """
         if not _DIRECT:
-            return await self._call(runtime, command, undo, None)
+            return await self._pool_patient(
+                lambda: self._call(runtime, call.run(self._redis), undo, None), None
+            )
         task = asyncio.current_task()
         before = _cancelling(task)
         try:
-            reply = await command
+            try:
+                reply = await call.run(self._redis)
+            except MaxConnectionsError:
+                reply = await self._pool_patient(lambda: call.run(self._redis), None)
         except asyncio.CancelledError:
             if undo is not None:
                 self._undo(runtime, undo)
@@ -679,10 +706,10 @@ class LockBase:
     def _abandon(self, owner: str) -> Callable[[], Awaitable[object]]:
         """The undo of a fresh acquisition: drop whatever ``owner`` reached, fence it."""
         sharded = self._sharded()
-        return lambda: self._policy.release(self._redis, owner, "abandon", "", sharded)
+        return lambda: self._policy.release(owner, "abandon", "", sharded).run(self._redis)
 
     def _sharded(self) -> bool:
-        runtime = existing_runtime(self._redis)
+        runtime = self._existing()
         return runtime is not None and runtime.topology.sharded
 
     async def _pool_patient(self, call: Callable[[], Awaitable[_T]], deadline: float | None) -> _T:
@@ -713,24 +740,8 @@ class LockBase:
         if reply.status == -2:
             raise wrong_type_error(self._name, action, self._policy.key_of(reply.token))
 
-    def _attempt_command(self, owner: str, wait: bool) -> Coroutine[Any, Any, Reply]:
-        return self._policy.attempt(
-            self._redis,
-            owner,
-            to_ms(self._lease),
-            wait,
-            to_ms(REGISTRATION_GRACE + self._claim),
-            to_ms(self._claim),
-        )
-
-    async def _attempt(
-        self, runtime: Runtime, owner: str, wait: bool, deadline: float | None
-    ) -> Reply:
-        """One acquisition attempt for ``owner``, bounded by ``deadline`` (undone if the
-        caller gives up)."""
-        return await self._call(
-            runtime, self._attempt_command(owner, wait), self._abandon(owner), deadline
-        )
+    def _attempt_call(self, owner: str, wait: bool) -> Call:
+        return self._policy.attempt(owner, self._lease_ms, wait, self._grace_ms, self._claim_ms)
 
     async def _acquire(
         self, runtime: Runtime, task: asyncio.Task[Any], timeout: float | None
@@ -746,17 +757,15 @@ class LockBase:
             sent_at = loop.time()
             runtime.trying.add(channel)
             try:
+                call = self._attempt_call(owner, False)
+                undo = self._abandon(owner)
                 if bound is None:
-                    reply = await self._pool_patient(
-                        lambda: self._direct(
-                            runtime, self._attempt_command(owner, False), self._abandon(owner)
-                        ),
-                        None,
-                    )
+                    raw = await self._direct(runtime, call, undo)
                 else:
-                    reply = await self._pool_patient(
-                        lambda: self._attempt(runtime, owner, False, bound), deadline
+                    raw = await self._pool_patient(
+                        lambda: self._call(runtime, call.run(self._redis), undo, bound), deadline
                     )
+                reply = Reply(*ints(raw, 4))
             except _Expired:
                 if timeout == 0:
                     raise LockError(
@@ -784,7 +793,7 @@ class LockBase:
         if runtime.closed:
             self._undo(runtime, self._abandon(owner))
             self._check_open(runtime)
-        lease_ms = to_ms(self._lease)
+        lease_ms = self._lease_ms
         ttl = reply.ttl_ms if 0 <= reply.ttl_ms <= lease_ms else lease_ms
         # A TTL below the lease: the lock was handed over to this owner while it waited (the
         # announcement was missed) — confirm the hand-over at once.
@@ -810,18 +819,18 @@ class LockBase:
             if not await hub.subscribed(channel, deadline):
                 return False
             failures = 0
+            call = self._attempt_call(owner, True)
+
+            def attempt() -> Awaitable[object]:
+                return self._call(runtime, call.run(self._redis), None, deadline)
+
             while True:
                 self._check_open(runtime)
                 waiter.forget_news()
                 sent_at = loop.time()
                 registered = True
                 try:
-                    reply = await self._pool_patient(
-                        lambda: self._call(
-                            runtime, self._attempt_command(owner, True), None, deadline
-                        ),
-                        deadline,
-                    )
+                    reply = Reply(*ints(await self._pool_patient(attempt, deadline), 4))
                 except _Expired:
                     return False
                 except (RedisError, OSError) as exc:
@@ -891,7 +900,7 @@ class LockBase:
             auto_renew=self._auto_renew,
             expires_at=expires_at,
             task=task,
-            renew_call=self._policy.renew_call,
+            renew=self._policy.renew,
             on_lost=self._on_lost,
             spawn=runtime.spawn,
             confirm=confirm,
@@ -936,20 +945,14 @@ class LockBase:
         runtime.keeper.discard(hold)
         hold.mark_lost(reason)
 
-    def _held_by(self, task: asyncio.Task[Any], action: str) -> Hold:
-        runtime = existing_runtime(self._redis)
+    def _held_by(self, task: asyncio.Task[Any], action: str) -> tuple[Runtime, Hold]:
+        runtime = self._existing()
         hold = None if runtime is None else runtime.holds.get((self._policy.hold_key, task))
-        if hold is None:
+        if runtime is None or hold is None:
             raise LockNotOwnedError(
                 f"cannot {action} {self._name!r}: not held by this task", name=self._name
             )
-        return hold
-
-    def _runtime_of(self, hold: Hold) -> Runtime:
-        runtime = existing_runtime(self._redis)
-        if runtime is None:  # pragma: no cover - a hold lives in a runtime
-            raise LockNotOwnedError(f"{self._name!r} is not held", name=self._name)
-        return runtime
+        return runtime, hold
 
     async def _settled(self, hold: Hold) -> None:
         """Wait for a release of ``hold`` in flight (cancelling the caller does not stop it)."""
@@ -983,13 +986,13 @@ class LockBase:
         sharded = runtime.topology.sharded
         owner = hold.owner
 
-        def undo() -> Awaitable[object]:
-            return self._policy.release(self._redis, owner, "entry", entry, sharded)
-
         try:
-            reply = await self._direct(
-                runtime, self._policy.reenter(self._redis, owner, entry, to_ms(self._lease)), undo
+            raw = await self._direct(
+                runtime,
+                self._policy.reenter(owner, entry, self._lease_ms),
+                lambda: self._policy.release(owner, "entry", entry, sharded).run(self._redis),
             )
+            reply = Reply(*ints(raw, 4))
         except (RedisError, OSError) as exc:
             raise await self._explain(exc, "re-enter") from exc
         self._check_reply(reply, "re-enter")
@@ -1067,8 +1070,11 @@ class LockBase:
         status = 0
         while True:
             try:
-                status, _ = await self._policy.release(
-                    self._redis, hold.owner, "entry", entry, sharded
+                status, _ = ints(
+                    await self._policy.release(hold.owner, "entry", entry, sharded).run(
+                        self._redis
+                    ),
+                    2,
                 )
                 break
             except MaxConnectionsError:
@@ -1105,9 +1111,9 @@ class LockBase:
         hold.state = HoldState.RELEASING
         sharded = runtime.topology.sharded
         try:
-            status, _ = await self._pool_patient(
-                lambda: self._policy.release(self._redis, hold.owner, "final", "", sharded),
-                hold.expires_at,
+            call = self._policy.release(hold.owner, "final", "", sharded)
+            status, _ = ints(
+                await self._pool_patient(lambda: call.run(self._redis), hold.expires_at), 2
             )
         except (RedisError, OSError) as exc:
             hold.state = HoldState.RELEASED

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, final
 
 if TYPE_CHECKING:
-    from ._scripts import EncodableArg, Script
+    from ._scripts import Call
 
 __all__ = ("Hold", "HoldState", "Lease", "LostCallback")
 
@@ -38,7 +38,6 @@ class HoldState(enum.Enum):
 
 
 LostCallback = Callable[["Lease"], object] | Callable[["Lease"], Awaitable[object]]
-RenewCall = tuple["Script", tuple["str | bytes", ...], tuple["EncodableArg", ...]]
 
 
 @final
@@ -68,8 +67,8 @@ class Hold:
         "on_lost",
         "owner",
         "pending",
+        "renew",
         "renew_at",
-        "renew_call",
         "spawn",
         "state",
         "task",
@@ -88,7 +87,7 @@ class Hold:
         auto_renew: bool,
         expires_at: float,
         task: asyncio.Task[Any],
-        renew_call: Callable[[str, float], RenewCall],
+        renew: Callable[[str, float], Call],
         on_lost: LostCallback | None,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         confirm: bool = False,
@@ -104,7 +103,7 @@ class Hold:
         # A hand-over grants a claim window only: the first renewal (the confirmation) is due now.
         self.confirm = confirm
         self.renew_at = self.loop.time() if confirm else expires_at - lease * 2 / 3
-        self.renew_call = renew_call
+        self.renew = renew  # (owner, lease) -> the script call that renews the lease
         self.state = HoldState.HELD
         self.task = task
         self.task_callback: Callable[[asyncio.Task[Any]], object] | None = None

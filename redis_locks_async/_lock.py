@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Final, final
 
-from ._core import LockBase, Policy, Reply
-from ._lease import RenewCall
-from ._scripts import Script
+from ._core import LockBase, Policy
+from ._scripts import Call, Script
 from ._validation import to_ms
 
 __all__ = ("Lock", "LockPolicy")
@@ -39,12 +38,6 @@ LOCK_RENEW: Final = Script("lock_renew.lua")
 SCRIPTS: Final = (LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW)
 
 
-def _reply(raw: object, length: int) -> list[int]:
-    if not isinstance(raw, list) or len(raw) != length:
-        raise ValueError(f"unexpected script reply {raw!r}")
-    return [int(item) for item in raw]
-
-
 @final
 class LockPolicy(Policy):
     """The ``Lock`` policy: head-only admission, counted re-entry (see the module docstring)."""
@@ -52,37 +45,29 @@ class LockPolicy(Policy):
     kind = "lock"
     __slots__ = ()
 
-    async def attempt(
-        self, client: Any, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int
-    ) -> Reply:
+    def attempt(self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int) -> Call:
         """``lock_acquire.lua`` in mode "wait" or "try"."""
-        raw = await LOCK_ACQUIRE.run(
-            client,
+        return Call(
+            LOCK_ACQUIRE,
             self.keys.script_keys,
             (owner, lease_ms, "wait" if wait else "try", grace_ms, claim_ms),
         )
-        return Reply(*_reply(raw, 4))
 
-    async def reenter(self, client: Any, owner: str, entry: str, lease_ms: int) -> Reply:
+    def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
         """``lock_reenter.lua``."""
-        raw = await LOCK_REENTER.run(client, (self.keys.name,), (owner, entry, lease_ms))
-        return Reply(*_reply(raw, 4))
+        return Call(LOCK_REENTER, (self.keys.name,), (owner, entry, lease_ms))
 
-    async def release(
-        self, client: Any, owner: str, mode: str, entry: str, sharded: bool
-    ) -> tuple[int, int]:
+    def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """``lock_release.lua``."""
-        raw = await LOCK_RELEASE.run(
-            client,
+        return Call(
+            LOCK_RELEASE,
             self.keys.script_keys,
             (owner, mode, entry, self.keys.channel, "1" if sharded else "0"),
         )
-        status, detail = _reply(raw, 2)
-        return status, detail
 
-    def renew_call(self, owner: str, lease: float) -> RenewCall:
-        """``lock_renew.lua`` (pipelined by the keeper)."""
-        return LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease))
+    def renew(self, owner: str, lease: float) -> Call:
+        """``lock_renew.lua``."""
+        return Call(LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease)))
 
     async def locked(self, client: Any) -> bool:
         """The lock hash exists."""

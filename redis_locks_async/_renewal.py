@@ -154,9 +154,9 @@ class LeaseKeeper:
         pipe = client.pipeline(transaction=False)
         calls = []
         for hold in due:
-            script, keys, args = call = hold.renew_call(hold.owner, hold.lease)
+            call = hold.renew(hold.owner, hold.lease)
             calls.append(call)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
         self.renewal_round_trips += 1
         bound = max(_MIN_BOUND, min(hold.expires_at for hold in due) - sent_at)
         try:

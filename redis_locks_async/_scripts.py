@@ -17,16 +17,25 @@ to the original.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Final, Protocol, final
+from typing import Any, Final, NamedTuple, Protocol, final
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
 
-__all__ = ("EncodableArg", "Script", "ScriptClient", "explain", "key_text", "translate")
+__all__ = (
+    "Call",
+    "EncodableArg",
+    "Script",
+    "ScriptClient",
+    "explain",
+    "ints",
+    "key_text",
+    "translate",
+)
 
 EncodableArg = str | int | float | bytes
 
@@ -72,6 +81,25 @@ class Script:
 
     def __repr__(self) -> str:
         return f"<Script {self.filename} {self.sha[:8]}>"
+
+
+class Call(NamedTuple):
+    """One script invocation — what a primitive's policy hands the core to run."""
+
+    script: Script
+    keys: tuple[str | bytes, ...]
+    args: tuple[EncodableArg, ...]
+
+    def run(self, client: ScriptClient) -> Coroutine[Any, Any, object]:
+        """Run it on ``client`` (``EVALSHA``, falling back to ``EVAL``)."""
+        return self.script.run(client, self.keys, self.args)
+
+
+def ints(raw: object, length: int) -> tuple[int, ...]:
+    """A script's reply of ``length`` integers (anything else is a :class:`LockError`)."""
+    if not isinstance(raw, list) or len(raw) != length:
+        raise LockError(f"unexpected script reply {raw!r}")
+    return tuple(map(int, raw))
 
 
 def key_text(key: str | bytes) -> str:

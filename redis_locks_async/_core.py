@@ -51,7 +51,7 @@ import itertools
 import logging
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar, final
 
@@ -138,6 +138,7 @@ class Policy(ABC):
 
     kind: ClassVar[str] = "lock"
     active_waiters: ClassVar[int] = 1
+    reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
 
     __slots__ = ("keys",)
 
@@ -159,6 +160,13 @@ class Policy(ABC):
         """The key a ``-2`` reply names (1-based, in script order)."""
         keys = self.keys.script_keys
         return keys[index - 1] if 1 <= index <= len(keys) else keys[0]
+
+    def conflict(
+        self, holds: Mapping[tuple[Hashable, asyncio.Task[Any]], Hold], task: asyncio.Task[Any]
+    ) -> str | None:
+        """Why ``task`` may not acquire this lock given what it ``holds`` (``None``: it may).
+        A read side refuses the write side of the same lock here, for instance."""
+        return None
 
     @abstractmethod
     def attempt(self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int) -> Call:
@@ -339,8 +347,12 @@ class LockBase:
         self._cached: Runtime | None = None
         self._auto_renew = auto_renew
         self._on_lost = on_lost
-        self._policy = self._policy_class(self._name)
+        self._policy = self._make_policy()
         self._entered: dict[asyncio.Task[Any], list[tuple[Hold, str | None]]] = {}
+
+    def _make_policy(self) -> Policy:
+        """The policy of this lock object (a primitive with options of its own overrides it)."""
+        return self._policy_class(self._name)
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -455,11 +467,15 @@ class LockBase:
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
         task = _owner_task(self._name, sys._getframe(0))
         runtime = self._runtime()
-        hold = runtime.holds.get((self._policy.hold_key, task))
-        if hold is not None:
+        policy = self._policy
+        hold = runtime.holds.get((policy.hold_key, task))
+        if hold is not None and policy.reentrant:
             held = await self._reenter(runtime, hold)
             if held is not None:
                 return held
+        refused = policy.conflict(runtime.holds, task)
+        if refused is not None:
+            raise LockError(f"cannot acquire {self._name!r}: {refused}", name=self._name)
         return await self._acquire(runtime, task, wait if blocking else 0.0)
 
     async def release(self) -> None:
@@ -522,12 +538,16 @@ class LockBase:
                 f"cannot transfer {self._name!r}: the target task has already ended",
                 name=self._name,
             )
-        if (hold.key, task) in runtime.holds:
+        if self._policy.reentrant and (hold.key, task) in runtime.holds:
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task already holds it",
                 name=self._name,
             )
-        del runtime.holds[(hold.key, current)]
+        if hold.outer is not None:
+            runtime.holds[(hold.key, current)] = hold.outer
+        else:
+            del runtime.holds[(hold.key, current)]
+        hold.outer = runtime.holds.get((hold.key, task))
         runtime.holds[(hold.key, task)] = hold
         self._watch(runtime, hold, task)
         return hold.view
@@ -905,6 +925,9 @@ class LockBase:
             spawn=runtime.spawn,
             confirm=confirm,
         )
+        # Where each acquisition is a hold of its own (a permit), the task's earlier one waits
+        # underneath, to be its hold again when this one ends.
+        hold.outer = runtime.holds.get((hold.key, task))
         runtime.holds[(hold.key, task)] = hold
         runtime.keeper.add(hold)
         self._watch(runtime, hold, task)
@@ -935,7 +958,10 @@ class LockBase:
 
     def _forget(self, runtime: Runtime, hold: Hold) -> None:
         if runtime.holds.get((hold.key, hold.task)) is hold:
-            del runtime.holds[(hold.key, hold.task)]
+            if hold.outer is not None:
+                runtime.holds[(hold.key, hold.task)] = hold.outer
+            else:
+                del runtime.holds[(hold.key, hold.task)]
         runtime.keeper.discard(hold)
         if hold.task_callback is not None:
             hold.task.remove_done_callback(hold.task_callback)

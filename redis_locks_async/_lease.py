@@ -65,6 +65,7 @@ class Hold:
         "name",
         "next_entry",
         "on_lost",
+        "outer",
         "owner",
         "pending",
         "renew",
@@ -112,6 +113,7 @@ class Hold:
         self.on_lost = on_lost
         self.spawn = spawn
         self.pending: asyncio.Future[None] | None = None  # a release in flight
+        self.outer: Hold | None = None  # the task's previous hold of the same key (permits)
         self.lost_reason = ""
         self.guards: dict[asyncio.Task[Any], int] = {}
         self.view = Lease(self)

@@ -61,13 +61,17 @@ PRELUDE: Final = _read_source("prelude.lua")
 
 @final
 class Script:
-    """One Lua script (prelude included): its source, its SHA1, and how to run it."""
+    """One Lua script (prelude included): its source, its SHA1, and how to run it.
+
+    The body is read from ``lua/<filename>`` unless ``source`` is given.
+    """
 
     __slots__ = ("filename", "sha", "source")
 
-    def __init__(self, filename: str) -> None:
+    def __init__(self, filename: str, source: str | None = None) -> None:
         self.filename = filename
-        self.source = PRELUDE + "\n" + _read_source(filename)
+        body = _read_source(filename) if source is None else source
+        self.source = PRELUDE + "\n" + body
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     async def run(

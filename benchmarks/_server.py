@@ -1,6 +1,6 @@
 """Which server the benchmarks run against (the process itself is the package's own helper).
 
-Starting and stopping the throwaway server is :func:`redis_locks_async._server.embedded_server`
+Starting and stopping the throwaway server is :func:`redis_locks_async.cli._server.embedded_server`
 (free loopback port, no persistence, dies with its parent); this module only resolves
 ``--server-bin`` and reads a binary's version for the report.
 """
@@ -11,8 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from redis_locks_async._server import ServerUnavailableError as ServerError
-from redis_locks_async._server import embedded_server, find_server_binary
+from redis_locks_async.cli._server import ServerUnavailableError as ServerError
+from redis_locks_async.cli._server import embedded_server, find_server_binary
 
 __all__ = ("ServerError", "binary_version", "default_binary", "embedded_server", "resolve_binary")
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Protocol, final
 
-from redis_locks_async._server import bundled_valkey_binary
+from redis_locks_async.cli._server import bundled_valkey_binary
 
 __all__ = (
     "BinaryInfo",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from redis_locks_async._demo import _analyse, _Hold
+from redis_locks_async.cli._demo import _analyse, _Hold
 from tests.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -52,9 +52,9 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from ._errors import LockError, LockTimeout
-from ._keys import LockKeys
-from ._lock import Lock
+from .._errors import LockError, LockTimeout
+from .._keys import LockKeys
+from .._lock import Lock
 from ._server import ServerUnavailableError, die_with_parent, embedded_server
 
 if TYPE_CHECKING:

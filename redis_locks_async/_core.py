@@ -874,6 +874,10 @@ class LockBase:
                     )
                 ttl = reply.ttl_ms / 1000 if reply.ttl_ms >= 0 else self._lease
                 recheck_at = sent_at + ttl
+                # The registration lives for ttl + grace on the server: re-check (which
+                # refreshes it) before then, however often hand-overs to others move the
+                # re-check later — or the queue would skip this waiter for ever.
+                refresh_at = sent_at + ttl + REGISTRATION_GRACE
                 while True:
                     news = await waiter.sleep(_earlier(recheck_at, deadline))
                     if waiter.grant is not None:
@@ -885,7 +889,7 @@ class LockBase:
                     if deadline is not None and loop.time() >= deadline:
                         return False
                     if news is News.LATER:
-                        recheck_at = waiter.bound
+                        recheck_at = min(waiter.bound, refresh_at)
                         continue
                     if news is News.TIMER and loop.time() < recheck_at:
                         continue  # woken for the deadline's sake, which has not passed

@@ -879,7 +879,9 @@ class LockBase:
                 # re-check later — or the queue would skip this waiter for ever.
                 refresh_at = sent_at + ttl + REGISTRATION_GRACE
                 while True:
-                    news = await waiter.sleep(_earlier(recheck_at, deadline))
+                    news = None if waiter.grant is not None else await waiter.sleep(
+                        _earlier(recheck_at, deadline)
+                    )
                     if waiter.grant is not None:
                         token, ttl, received_at = waiter.grant
                         self._check_open(runtime)

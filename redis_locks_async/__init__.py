@@ -1,6 +1,7 @@
 """redis-locks-async: asyncio-native distributed locks for Redis and Valkey."""
 
 from ._core import LockState as LockState
+from ._core import LockStatistics as LockStatistics
 from ._errors import LockError as LockError
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError
@@ -19,5 +20,6 @@ __all__ = (
     "LockLostError",
     "LockNotOwnedError",
     "LockState",
+    "LockStatistics",
     "LockTimeout",
 )

@@ -52,6 +52,7 @@ import logging
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping
+from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar, final
 
@@ -75,7 +76,7 @@ except ImportError:  # pragma: no cover - depends on the installed redis-py
 if TYPE_CHECKING:
     from ._runtime import Topology
 
-__all__ = ("UNSET", "LockBase", "LockState", "Policy", "Reply")
+__all__ = ("UNSET", "LockBase", "LockState", "LockStatistics", "Policy", "Reply")
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -108,6 +109,38 @@ class LockState(enum.Enum):
     HELD = "held"
     RELEASING = "releasing"
     LOST = "lost"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LockStatistics:
+    """What one lock object saw in this process (a local, synchronous snapshot; no I/O).
+
+    Counters cover every task that used this lock object. ``waiting`` and ``held`` are the
+    tasks of this process waiting for / holding the lock right now (through any lock object of
+    the same client).
+    """
+
+    name: str
+    acquisitions: int  # fresh acquisitions (re-entries not included)
+    handovers: int  # of which the lock was handed over by a release while waiting
+    reentries: int
+    releases: int  # holds ended by release (inner ones included)
+    timeouts: int  # acquire calls that gave up (False or LockTimeout)
+    lost: int  # leases lost while held
+    wait_time: float  # seconds waited in total by acquisitions that had to wait
+    waiting: int
+    held: int
+
+
+@final
+class _Counters:
+    __slots__ = ("acquisitions", "handovers", "lost", "reentries", "releases", "timeouts", "waited")
+
+    def __init__(self) -> None:
+        self.acquisitions = self.handovers = self.reentries = 0
+        self.releases = self.timeouts = self.lost = 0
+        self.waited = 0.0
 
 
 class Reply(NamedTuple):
@@ -303,6 +336,7 @@ class LockBase:
         "_cached",
         "_claim",
         "_claim_ms",
+        "_counters",
         "_entered",
         "_grace_ms",
         "_lease",
@@ -349,6 +383,7 @@ class LockBase:
         self._on_lost = on_lost
         self._policy = self._make_policy()
         self._entered: dict[asyncio.Task[Any], list[tuple[Hold, str | None]]] = {}
+        self._counters = _Counters()
 
     def _make_policy(self) -> Policy:
         """The policy of this lock object (a primitive with options of its own overrides it)."""
@@ -388,6 +423,30 @@ class LockBase:
             HoldState.LOST: LockState.LOST,
             HoldState.RELEASED: LockState.IDLE,
         }[hold.state]
+
+    def statistics(self) -> LockStatistics:
+        """A snapshot of what this lock object saw in this process (no I/O)."""
+        counters = self._counters
+        try:
+            runtime = self._existing()
+        except RuntimeError:  # no running loop
+            runtime = None
+        held = 0
+        if runtime is not None:
+            key = self._policy.hold_key
+            held = sum(1 for (k, _), hold in runtime.holds.items() if k == key and hold.live)
+        return LockStatistics(
+            name=self._name,
+            acquisitions=counters.acquisitions,
+            handovers=counters.handovers,
+            reentries=counters.reentries,
+            releases=counters.releases,
+            timeouts=counters.timeouts,
+            lost=counters.lost,
+            wait_time=counters.waited,
+            waiting=self._local_waiters(),
+            held=held,
+        )
 
     def owned(self) -> bool:
         """Whether the calling task holds this lock (a local view; no I/O)."""
@@ -476,7 +535,10 @@ class LockBase:
         refused = policy.conflict(runtime.holds, task)
         if refused is not None:
             raise LockError(f"cannot acquire {self._name!r}: {refused}", name=self._name)
-        return await self._acquire(runtime, task, wait if blocking else 0.0)
+        if await self._acquire(runtime, task, wait if blocking else 0.0):
+            return True
+        self._counters.timeouts += 1
+        return False
 
     async def release(self) -> None:
         """Release one hold of the calling task (the last one frees or hands over the lock).
@@ -830,6 +892,7 @@ class LockBase:
         lot.join(waiter)
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False
+        started = loop.time()
         try:
             if not waiter.turn.done():
                 await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
@@ -897,6 +960,8 @@ class LockBase:
                         continue  # woken for the deadline's sake, which has not passed
                     break
         finally:
+            if acquired:
+                self._counters.waited += loop.time() - started
             lot.leave(waiter)
             hub.done_with(channel)
             if registered and not acquired:
@@ -930,7 +995,11 @@ class LockBase:
             on_lost=self._on_lost,
             spawn=runtime.spawn,
             confirm=confirm,
+            counters=self._counters,
         )
+        self._counters.acquisitions += 1
+        if confirm:
+            self._counters.handovers += 1
         # Where each acquisition is a hold of its own (a permit), the task's earlier one waits
         # underneath, to be its hold again when this one ends.
         hold.outer = runtime.holds.get((hold.key, task))
@@ -1040,6 +1109,7 @@ class LockBase:
                 name=self._name,
             )
         hold.entries.append(entry)
+        self._counters.reentries += 1
         hold.renewed(sent_at, self._lease)
         runtime.keeper.reschedule(hold)
         return True
@@ -1132,6 +1202,7 @@ class LockBase:
                 name=self._name,
             )
         hold.entries.remove(entry)
+        self._counters.releases += 1
 
     async def _release_final(self, runtime: Runtime, hold: Hold) -> None:
         if hold.entries:
@@ -1172,6 +1243,7 @@ class LockBase:
             )
         hold.state = HoldState.RELEASED
         self._forget(runtime, hold)
+        self._counters.releases += 1
 
 
 @final

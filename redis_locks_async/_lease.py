@@ -18,7 +18,7 @@ import enum
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 if TYPE_CHECKING:
     from ._scripts import Call
@@ -40,6 +40,10 @@ class HoldState(enum.Enum):
 LostCallback = Callable[["Lease"], object] | Callable[["Lease"], Awaitable[object]]
 
 
+class _LossCounter(Protocol):
+    lost: int
+
+
 @final
 class Hold:
     """The internal record of one held lock (see the module docstring).
@@ -54,6 +58,7 @@ class Hold:
         "_lost_event",
         "auto_renew",
         "confirm",
+        "counters",
         "entries",
         "expires_at",
         "fencing_token",
@@ -92,6 +97,7 @@ class Hold:
         on_lost: LostCallback | None,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         confirm: bool = False,
+        counters: _LossCounter | None = None,
     ) -> None:
         self.key = key
         self.name = name
@@ -118,6 +124,7 @@ class Hold:
         self.guards: dict[asyncio.Task[Any], int] = {}
         self.view = Lease(self)
         self._lost_event: asyncio.Event | None = None
+        self.counters = counters
         self._loss_cancelled: set[asyncio.Task[Any]] = set()
 
     # -- views ---------------------------------------------------------------------------------
@@ -174,6 +181,8 @@ class Hold:
             return False
         self.state = HoldState.LOST
         self.lost_reason = reason
+        if self.counters is not None:
+            self.counters.lost += 1
         if self._lost_event is not None:
             self._lost_event.set()
         logger.warning("lease on %r lost: %s", self.name, reason)

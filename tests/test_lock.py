@@ -32,6 +32,7 @@ def test_all_is_exactly_the_public_names() -> None:
         "LockLostError",
         "LockNotOwnedError",
         "LockState",
+        "LockStatistics",
         "LockTimeout",
     }
     for name in redis_locks_async.__all__:
@@ -110,6 +111,22 @@ class TestAcquireRelease:
         await asyncio.create_task(stranger())
         assert await lock.locked()
         await lock.release()
+
+
+class TestStatistics:
+    async def test_counts_what_this_lock_object_saw(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        lock = Lock(client, name)
+        assert lock.statistics().acquisitions == 0
+        async with lock:
+            async with lock:
+                stats = lock.statistics()
+                assert (stats.acquisitions, stats.reentries, stats.held) == (1, 1, 1)
+        assert not await lock.locked()
+        stats = lock.statistics()
+        assert (stats.releases, stats.held, stats.waiting, stats.lost) == (2, 0, 0, 0)
+        assert stats.name == name
 
 
 class TestOwnership:

@@ -119,10 +119,9 @@ class TestStatistics:
     ) -> None:
         lock = Lock(client, name)
         assert lock.statistics().acquisitions == 0
-        async with lock:
-            async with lock:
-                stats = lock.statistics()
-                assert (stats.acquisitions, stats.reentries, stats.held) == (1, 1, 1)
+        async with lock, lock:
+            stats = lock.statistics()
+            assert (stats.acquisitions, stats.reentries, stats.held) == (1, 1, 1)
         assert not await lock.locked()
         stats = lock.statistics()
         assert (stats.releases, stats.held, stats.waiting, stats.lost) == (2, 0, 0, 0)

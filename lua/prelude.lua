@@ -91,33 +91,44 @@ local function unregister(meta, queue, owner)
     end
 end
 
--- Hand `lock` (a HASH: owner, token) to the oldest waiter whose registration is live, dropping
--- dead registrations on the way, and announce it: "g:<ttl ms>:<owner>:<token>". The grantee
--- gets only its claim window (ttl = min(claim, lease)) until it confirms by renewing: a waiter
--- that died while registered delays the next one by at most its claim window. Returns the new
--- owner, or nil when nobody live waits (the lock is then left free). The caller has read
--- `queue` and `meta` already (or reads them here first: ZRANGE, HGET).
-local function hand_over(lock, meta, queue, channel, sharded, now)
-    local now_ms = math.floor(now / 1000)
+-- The first live registration of `queue`, as owner, lease ms, claim ms — or nil. Dead ones
+-- (deadline passed, server time) met on the way are dropped.
+local function live_head(meta, queue, now_ms)
     while true do
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
         if not head then
             return nil
         end
         local entry = redis.call('HGET', meta, 'w:' .. head)
-        redis.call('ZREM', queue, head)
-        redis.call('HDEL', meta, 'w:' .. head)
-        if entry then
-            local deadline, lease, claim = string.match(entry, '^(%d+):(%d+):(%d+)$')
-            if deadline and tonumber(deadline) >= now_ms then
-                local ttl = math.min(tonumber(lease), tonumber(claim))
-                local token = next_fence(meta, now)
-                redis.call('HSET', lock, 'owner', head, 'token', int(token))
-                redis.call('PEXPIRE', lock, ttl)
-                keep(meta, ttl + AUX_TAIL_MS)
-                announce(channel, sharded, 'g:' .. int(ttl) .. ':' .. head .. ':' .. int(token))
-                return head
-            end
+        local deadline, lease, claim = string.match(entry or '', '^(%d+):(%d+):(%d+)$')
+        if deadline and tonumber(deadline) >= now_ms then
+            return head, tonumber(lease), tonumber(claim)
         end
+        unregister(meta, queue, head)
     end
+end
+
+-- Give `lock` (a HASH: owner, token) to the registered waiter `head` and announce it:
+-- "g:<ttl ms>:<owner>:<token>". The grantee gets only its claim window (ttl = min(claim,
+-- lease)) until it confirms by renewing: a waiter that died while registered delays the next
+-- one by at most its claim window. Returns the ttl.
+local function grant(lock, meta, queue, channel, sharded, now, head, lease, claim)
+    unregister(meta, queue, head)
+    local ttl = math.min(lease, claim)
+    local token = next_fence(meta, now)
+    redis.call('HSET', lock, 'owner', head, 'token', int(token))
+    redis.call('PEXPIRE', lock, ttl)
+    keep(meta, ttl + AUX_TAIL_MS)
+    announce(channel, sharded, 'g:' .. int(ttl) .. ':' .. head .. ':' .. int(token))
+    return ttl
+end
+
+-- Hand `lock` to the oldest waiter whose registration is live (see grant). Returns the new
+-- owner, or nil when nobody live waits (the lock is then left free).
+local function hand_over(lock, meta, queue, channel, sharded, now)
+    local head, lease, claim = live_head(meta, queue, math.floor(now / 1000))
+    if head then
+        grant(lock, meta, queue, channel, sharded, now, head, lease, claim)
+    end
+    return head
 end

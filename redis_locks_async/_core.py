@@ -837,7 +837,7 @@ class LockBase:
             # only one at a time per lock (others queue behind it, in the parking lot).
             bound = loop.time() + TRY_BOUND if timeout == 0 else deadline
             sent_at = loop.time()
-            runtime.trying.add(channel)
+            runtime.trying[channel] = None
             try:
                 call = self._attempt_call(owner, False)
                 undo = self._abandon(owner)
@@ -859,7 +859,7 @@ class LockBase:
             except (RedisError, OSError) as exc:
                 raise await self._explain(exc, "acquire") from exc
             finally:
-                runtime.trying.discard(channel)
+                runtime.end_try(channel)
             self._check_reply(reply, "acquire")
             if reply.status == 1:
                 self._adopt(runtime, task, owner, reply, sent_at)
@@ -897,6 +897,13 @@ class LockBase:
             if not waiter.turn.done():
                 await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
                 if not waiter.turn.done():
+                    return False
+            ended = runtime.try_ended(channel)
+            if ended is not None:
+                # Only one command per lock at a time from this process: let the uncontended
+                # attempt in flight finish first (it may take the lock, or queue behind us).
+                await asyncio.wait((ended,), timeout=_left(deadline, loop))
+                if not ended.done():
                     return False
             self._check_open(runtime)
             if not await hub.subscribed(channel, deadline):

@@ -172,7 +172,9 @@ class Runtime:
         self._finished = False  # the close is complete: nothing may start any more
         self._tasks: set[asyncio.Task[Any]] = set()
         self.holds: dict[tuple[Hashable, asyncio.Task[Any]], Hold] = {}
-        self.trying: set[str] = set()  # channels with an uncontended attempt in flight
+        # Channels with an uncontended attempt in flight -> a future for those who wait for it
+        # to end (created only when someone does).
+        self.trying: dict[str, asyncio.Future[None] | None] = {}
         self.keeper = LeaseKeeper(topology, self.spawn)
         self._hubs: dict[Hashable, SubscriptionHub] = {}
 
@@ -245,6 +247,22 @@ class Runtime:
                 lambda: topology.pubsub(node), self.spawn, sharded=topology.sharded
             )
         return hub
+
+    def end_try(self, channel: str) -> None:
+        """The uncontended attempt on ``channel`` is over: let the waiters behind it go."""
+        ended = self.trying.pop(channel, None)
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
+    def try_ended(self, channel: str) -> asyncio.Future[None] | None:
+        """A future that resolves when the uncontended attempt on ``channel`` ends (``None``:
+        there is none in flight)."""
+        if channel not in self.trying:
+            return None
+        ended = self.trying[channel]
+        if ended is None:
+            ended = self.trying[channel] = self.loop.create_future()
+        return ended
 
     def contended(self, channel: str) -> bool:
         """Whether a local task waits for (or is attempting) the lock of ``channel``."""

@@ -6,6 +6,7 @@ from ._errors import LockError as LockError
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError
 from ._errors import LockTimeout as LockTimeout
+from ._fair import FairLock as FairLock
 from ._lease import HoldState as HoldState
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
@@ -13,6 +14,7 @@ from ._lock import Lock as Lock
 __version__ = "0.1.0"
 
 __all__ = (
+    "FairLock",
     "HoldState",
     "Lease",
     "Lock",

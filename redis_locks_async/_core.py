@@ -73,6 +73,7 @@ except ImportError:  # pragma: no cover - depends on the installed redis-py
     class MaxConnectionsError(RedisError):  # type: ignore[no-redef]
         """Stand-in: never raised by this redis-py."""
 
+
 if TYPE_CHECKING:
     from ._runtime import Topology
 
@@ -170,13 +171,15 @@ class Policy(ABC):
     """
 
     kind: ClassVar[str] = "lock"
+    # The key layout and hold key: primitives of the same layout on one name are one lock.
+    layout: ClassVar[str] = "lock"
     active_waiters: ClassVar[int] = 1
     reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
 
     __slots__ = ("keys",)
 
     def __init__(self, name: str) -> None:
-        self.keys = LockKeys.for_name(name, self.kind)
+        self.keys = LockKeys.for_name(name, self.layout)
 
     @property
     def key_types(self) -> tuple[tuple[str | bytes, str], ...]:
@@ -187,7 +190,7 @@ class Policy(ABC):
     @property
     def hold_key(self) -> Hashable:
         """What a task holds (with the task): re-acquiring the same hold key re-enters."""
-        return (self.kind, self.keys.name)
+        return (self.layout, self.keys.name)
 
     def key_of(self, index: int) -> str | bytes:
         """The key a ``-2`` reply names (1-based, in script order)."""
@@ -202,8 +205,11 @@ class Policy(ABC):
         return None
 
     @abstractmethod
-    def attempt(self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int) -> Call:
-        """Take the lock for ``owner`` if it is free; with ``wait``, register to be handed it."""
+    def attempt(
+        self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int, sharded: bool
+    ) -> Call:
+        """Take the lock for ``owner`` if it is free; with ``wait``, register to be handed it
+        (``sharded``: announce with ``SPUBLISH``, should the attempt hand the lock over)."""
 
     @abstractmethod
     def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
@@ -666,9 +672,7 @@ class LockBase:
         except LockError as error:
             if exc is None:
                 raise
-            logger.warning(
-                "leaving %r while %s: %s", self._name, type(exc).__name__, error
-            )
+            logger.warning("leaving %r while %s: %s", self._name, type(exc).__name__, error)
 
     def __repr__(self) -> str:
         try:
@@ -767,9 +771,7 @@ class LockBase:
         when one has the wrong type."""
         return await explain(self._redis, self._name, action, exc, self._policy.key_types)
 
-    def _undo(
-        self, runtime: Runtime, undo: Callable[[], Awaitable[object]]
-    ) -> asyncio.Task[None]:
+    def _undo(self, runtime: Runtime, undo: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
         return runtime.spawn(self._retrying(undo, "cleanup"))
 
     async def _retrying(self, call: Callable[[], Awaitable[object]], what: str) -> None:
@@ -822,8 +824,15 @@ class LockBase:
         if reply.status == -2:
             raise wrong_type_error(self._name, action, self._policy.key_of(reply.token))
 
-    def _attempt_call(self, owner: str, wait: bool) -> Call:
-        return self._policy.attempt(owner, self._lease_ms, wait, self._grace_ms, self._claim_ms)
+    def _attempt_call(self, runtime: Runtime, owner: str, wait: bool) -> Call:
+        return self._policy.attempt(
+            owner,
+            self._lease_ms,
+            wait,
+            self._grace_ms,
+            self._claim_ms,
+            runtime.topology.sharded,
+        )
 
     async def _acquire(
         self, runtime: Runtime, task: asyncio.Task[Any], timeout: float | None
@@ -839,7 +848,7 @@ class LockBase:
             sent_at = loop.time()
             runtime.trying[channel] = None
             try:
-                call = self._attempt_call(owner, False)
+                call = self._attempt_call(runtime, owner, False)
                 undo = self._abandon(owner)
                 if bound is None:
                     raw = await self._direct(runtime, call, undo)
@@ -909,7 +918,7 @@ class LockBase:
             if not await hub.subscribed(channel, deadline):
                 return False
             failures = 0
-            call = self._attempt_call(owner, True)
+            call = self._attempt_call(runtime, owner, True)
 
             def attempt() -> Awaitable[object]:
                 return self._call(runtime, call.run(self._redis), None, deadline)
@@ -949,8 +958,10 @@ class LockBase:
                 # re-check later — or the queue would skip this waiter for ever.
                 refresh_at = sent_at + ttl + REGISTRATION_GRACE
                 while True:
-                    news = None if waiter.grant is not None else await waiter.sleep(
-                        _earlier(recheck_at, deadline)
+                    news = (
+                        None
+                        if waiter.grant is not None
+                        else await waiter.sleep(_earlier(recheck_at, deadline))
                     )
                     if waiter.grant is not None:
                         token, ttl, received_at = waiter.grant
@@ -1144,9 +1155,7 @@ class LockBase:
             # Cancelling a release does not stop it: it is sent again (every release is
             # idempotent) in the background, which also finishes the bookkeeping.
             if hold.live and hold.pending is None:
-                hold.pending = runtime.spawn(
-                    self._release_job(runtime, hold, entry), report=False
-                )
+                hold.pending = runtime.spawn(self._release_job(runtime, hold, entry), report=False)
             raise
         if _cancelling(task) > before:
             raise asyncio.CancelledError()  # swallowed by redis-py; the release is done

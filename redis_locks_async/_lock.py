@@ -29,7 +29,7 @@ from ._core import LockBase, Policy
 from ._scripts import Call, Script
 from ._validation import to_ms
 
-__all__ = ("Lock", "LockPolicy")
+__all__ = ("HashLockPolicy", "Lock", "LockPolicy")
 
 LOCK_ACQUIRE: Final = Script("lock_acquire.lua")
 LOCK_REENTER: Final = Script("lock_reenter.lua")
@@ -38,20 +38,11 @@ LOCK_RENEW: Final = Script("lock_renew.lua")
 SCRIPTS: Final = (LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW)
 
 
-@final
-class LockPolicy(Policy):
-    """The ``Lock`` policy: head-only admission, counted re-entry (see the module docstring)."""
+class HashLockPolicy(Policy):
+    """What ``Lock`` and ``FairLock`` share: the hash layout and its re-entry, release and
+    renewal scripts (they differ only in how an attempt treats the waiters in line)."""
 
-    kind = "lock"
     __slots__ = ()
-
-    def attempt(self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int) -> Call:
-        """``lock_acquire.lua`` in mode "wait" or "try"."""
-        return Call(
-            LOCK_ACQUIRE,
-            self.keys.script_keys,
-            (owner, lease_ms, "wait" if wait else "try", grace_ms, claim_ms),
-        )
 
     def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
         """``lock_reenter.lua``."""
@@ -72,6 +63,25 @@ class LockPolicy(Policy):
     async def locked(self, client: Any) -> bool:
         """The lock hash exists."""
         return bool(await client.exists(self.keys.name))
+
+
+@final
+class LockPolicy(HashLockPolicy):
+    """The ``Lock`` policy: head-only admission, counted re-entry, a free lock is taken at
+    once (see the module docstring)."""
+
+    kind = "lock"
+    __slots__ = ()
+
+    def attempt(
+        self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int, sharded: bool
+    ) -> Call:
+        """``lock_acquire.lua`` in mode "wait" or "try"."""
+        return Call(
+            LOCK_ACQUIRE,
+            self.keys.script_keys,
+            (owner, lease_ms, "wait" if wait else "try", grace_ms, claim_ms),
+        )
 
 
 @final

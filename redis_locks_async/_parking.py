@@ -191,11 +191,14 @@ class ParkingLot:
                 if waiter is not None:
                     waiter.granted(token, news.ttl_ms)
                     mine = True
+            # Someone else holds it now, for its claim window at least: if it never confirms,
+            # one re-check by this process when the window ends moves the lock on.
             later = asyncio.get_running_loop().time() + news.ttl_ms / 1000
             for waiter in self._actives():
                 if waiter.owner not in news.owners:
                     waiter.bound = later
                     waiter.notify(News.LATER)
+                    break
             return mine
         count = news.n if isinstance(news, Freed) else len(self.queue)
         for waiter in self._actives()[:count]:

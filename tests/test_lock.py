@@ -25,6 +25,7 @@ from tests import _introspect as introspect
 
 def test_all_is_exactly_the_public_names() -> None:
     assert set(redis_locks_async.__all__) == {
+        "FairLock",
         "HoldState",
         "Lease",
         "Lock",

@@ -1,0 +1,64 @@
+-- fair_acquire.lua: take a FIFO lock only when nobody is ahead in line, or register to be
+-- handed it (redis-locks-async `FairLock`; release, re-entry and renewal are Lock's scripts).
+--
+-- KEYS[1..4]  lock, meta, queue, done                      -- as in lock_acquire.lua
+-- ARGV[1]  owner id of this acquisition (random, never reused)
+-- ARGV[2]  lease in milliseconds (> 0)
+-- ARGV[3]  mode: "try"   take the lock if it is free and no live waiter is registered ahead;
+--                 "wait"  the same, and otherwise register ARGV[1] at the end of the line
+--                         (arrival = server time of its first registration, kept on refresh)
+-- ARGV[4]  registration grace in milliseconds (as in lock_acquire.lua)
+-- ARGV[5]  claim window in milliseconds
+-- ARGV[6]  channel to announce a hand-over on
+-- ARGV[7]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
+-- returns  {1, token, count, pttl}  ARGV[1] holds the lock (as in lock_acquire.lua)
+--          {0, 0, 0, pttl}          held by another owner for pttl more ms; or free but owed to
+--                                   the first live waiter in line, which is handed it now (pttl
+--                                   is then its claim window): a newcomer never barges in
+--          {-1, 0, 0, 0}            ARGV[1] already gave up: a late duplicate; nothing changed
+--          {-2, 1, 0, 0}            KEYS[1] exists but is not a lock; nothing was changed
+-- A key of another type fails the script with WRONGTYPE before anything is written.
+-- Idempotent: running it twice with the same ARGV changes nothing the first run did not.
+
+local lock, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local me, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local grace, claim = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+if redis.call('EXISTS', lock) == 1 then
+    local held = redis.call('HMGET', lock, 'owner', 'token')
+    if held[1] == me then
+        return {1, tonumber(held[2]), redis.call('HLEN', lock) - 1, redis.call('PTTL', lock)}
+    end
+    if not held[1] then
+        return {-2, 1, 0, 0}
+    end
+    local pttl = redis.call('PTTL', lock)
+    if mode == 'wait' then
+        if is_done(done, me) then
+            return {-1, 0, 0, 0}
+        end
+        redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
+        register(meta, queue, me, now_us(), lease, claim, grace + (pttl > 0 and pttl or lease))
+    end
+    return {0, 0, 0, pttl}
+end
+
+if is_done(done, me) then
+    return {-1, 0, 0, 0}
+end
+local now = now_us()
+local head, head_lease, head_claim = live_head(meta, queue, math.floor(now / 1000))
+if head and head ~= me then
+    -- Free, but owed to the first in line (its grantee never confirmed, or the holder's lease
+    -- ran out): hand it over as a release would have.
+    local ttl = grant(lock, meta, queue, ARGV[6], ARGV[7], now, head, head_lease, head_claim)
+    if mode == 'wait' then
+        register(meta, queue, me, now, lease, claim, grace + ttl)
+    end
+    return {0, 0, 0, ttl}
+end
+local token = next_fence(meta, now)
+unregister(meta, queue, me)
+redis.call('HSET', lock, 'owner', me, 'token', int(token))
+redis.call('PEXPIRE', lock, lease)
+return {1, token, 1, lease}

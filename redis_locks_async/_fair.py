@@ -1,0 +1,79 @@
+"""``FairLock``: a reentrant lock granted strictly in order of arrival, with direct hand-over.
+
+The same hash in Redis as ``Lock`` (see ``_lock``), the same release, re-entry and renewal
+scripts; what differs is admission. Every waiting task registers in Redis when it starts to
+wait (not only the head of its process's queue), stamped with the server's time; a release hands
+the lock to the oldest live registration inside the release script and announces it once, naming
+that waiter; and an attempt that finds the lock free while a live waiter is registered ahead
+(its grantee never confirmed, or the holder's lease ran out) hands the lock to that waiter
+instead of taking it (``lua/fair_acquire.lua``): a newcomer never barges in.
+
+Dead waiters never stall the line: a waiter handed the lock has ``claim_timeout`` to confirm it
+(as with ``Lock``); when it does not, one waiting process re-checks when the window ends, and that
+attempt hands the lock on to the next live waiter. Registrations whose deadline passed (a waiter
+that stopped refreshing: its process died) are dropped when they reach the front of the line.
+
+A ``Lock`` and a ``FairLock`` of the same name are the same lock in Redis: fair waiters keep
+their order among themselves, but a ``Lock`` acquirer may take a free lock ahead of them.
+"""
+
+from __future__ import annotations
+
+from typing import Final, final
+
+from ._core import LockBase
+from ._lock import HashLockPolicy
+from ._scripts import Call, Script
+
+__all__ = ("FairLock", "FairLockPolicy")
+
+FAIR_ACQUIRE: Final = Script("fair_acquire.lua")
+
+
+@final
+class FairLockPolicy(HashLockPolicy):
+    """The ``FairLock`` policy: every waiter registered, no barging."""
+
+    kind = "fair"
+    active_waiters = 1 << 30  # every local waiter registers in Redis
+    __slots__ = ()
+
+    def attempt(
+        self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int, sharded: bool
+    ) -> Call:
+        """``fair_acquire.lua`` in mode "wait" or "try"."""
+        return Call(
+            FAIR_ACQUIRE,
+            self.keys.script_keys,
+            (
+                owner,
+                lease_ms,
+                "wait" if wait else "try",
+                grace_ms,
+                claim_ms,
+                self.keys.channel,
+                "1" if sharded else "0",
+            ),
+        )
+
+
+@final
+class FairLock(LockBase):
+    """A reentrant lock granted strictly first come, first served across tasks and processes.
+
+    ::
+
+        lock = FairLock(client, "jobs:queue-head", timeout=30)
+        async with lock as lease:          # granted in order of arrival (server time)
+            await work(fence=lease.fencing_token)
+
+    Same API, leases, renewal, cancellation safety and fencing tokens as :class:`Lock`; a
+    release hands the lock straight to the longest-waiting live task, whichever process it
+    is in, and a task that arrives while others wait queues behind them even if the lock is
+    momentarily free. A waiting process that dies delays the line by at most
+    ``claim_timeout``. Waiting costs one registration per waiting task (refreshed once per
+    holder's lease), where ``Lock`` registers one task per process.
+    """
+
+    _policy_class = FairLockPolicy
+    __slots__ = ()

@@ -75,12 +75,14 @@ local function announce(channel, sharded, message)
 end
 
 -- Waiter registrations: `queue` is a ZSET owner -> arrival (server microseconds), and `meta`
--- holds "w:<owner>" -> "<deadline ms>:<lease ms>:<claim ms>". A registration is live until its
+-- holds "w:<owner>" -> "<deadline ms>:<lease ms>:<claim ms>:<role>" (role: "" for a plain
+-- lock; "r"/"w" for the sides of a read/write lock). A registration is live until its
 -- deadline (server time); the waiter's next attempt refreshes it.
-local function register(meta, queue, owner, now, lease, claim, lives)
+local function register(meta, queue, owner, now, lease, claim, lives, role)
     redis.call('ZADD', queue, 'NX', now, owner)
     redis.call('HSET', meta, 'w:' .. owner,
-        int(math.floor(now / 1000) + lives) .. ':' .. int(lease) .. ':' .. int(claim))
+        int(math.floor(now / 1000) + lives) .. ':' .. int(lease) .. ':' .. int(claim) .. ':'
+        .. (role or ''))
     keep(queue, lives + AUX_TAIL_MS)
     keep(meta, lives + AUX_TAIL_MS)
 end
@@ -91,18 +93,26 @@ local function unregister(meta, queue, owner)
     end
 end
 
--- The first live registration of `queue`, as owner, lease ms, claim ms — or nil. Dead ones
--- (deadline passed, server time) met on the way are dropped.
+local function parse_registration(entry)
+    local deadline, lease, claim, role = string.match(entry or '', '^(%d+):(%d+):(%d+):?(%a*)$')
+    if not deadline then
+        return nil
+    end
+    return tonumber(deadline), tonumber(lease), tonumber(claim), role
+end
+
+-- The first live registration of `queue`, as owner, lease ms, claim ms, role — or nil. Dead
+-- ones (deadline passed, server time) met on the way are dropped.
 local function live_head(meta, queue, now_ms)
     while true do
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
         if not head then
             return nil
         end
-        local entry = redis.call('HGET', meta, 'w:' .. head)
-        local deadline, lease, claim = string.match(entry or '', '^(%d+):(%d+):(%d+)$')
-        if deadline and tonumber(deadline) >= now_ms then
-            return head, tonumber(lease), tonumber(claim)
+        local deadline, lease, claim, role = parse_registration(
+            redis.call('HGET', meta, 'w:' .. head))
+        if deadline and deadline >= now_ms then
+            return head, lease, claim, role
         end
         unregister(meta, queue, head)
     end
@@ -131,4 +141,91 @@ local function hand_over(lock, meta, queue, channel, sharded, now)
         grant(lock, meta, queue, channel, sharded, now, head, lease, claim)
     end
     return head
+end
+
+-- Read/write locks (``ReadWriteLock``) keep one HASH per name: the writer in fields w (owner),
+-- wt (token), wx (expiry, server ms) and we (its re-entries, ",e1,e2,"); each reader in a field
+-- "r:<owner>" -> "<expiry ms>:<token>:<re-entries>". Every hold has its own expiry; the key's
+-- TTL is kept at least as long as the longest. rw_state drops expired holds and reads what is
+-- left: the writer's owner (or nil), its token and expiry, and how many readers there are.
+local function rw_state(lock, now_ms)
+    local fields = redis.call('HGETALL', lock)
+    local state = {readers = 0}
+    for i = 1, #fields, 2 do
+        local field, value = fields[i], fields[i + 1]
+        if field == 'w' then
+            state.writer = value
+        elseif field == 'wt' then
+            state.token = tonumber(value)
+        elseif field == 'wx' then
+            state.expiry = tonumber(value)
+        elseif string.sub(field, 1, 2) == 'r:' then
+            local expiry = tonumber(string.match(value, '^(%d+)'))
+            if expiry and expiry >= now_ms then
+                state.readers = state.readers + 1
+            else
+                redis.call('HDEL', lock, field)
+            end
+        elseif field == 'owner' then
+            state.foreign = true  -- a Lock's hash: not ours
+        end
+    end
+    if state.writer and not (state.expiry and state.expiry >= now_ms) then
+        redis.call('HDEL', lock, 'w', 'wt', 'wx', 'we')
+        state.writer = nil
+    end
+    return state
+end
+
+-- Whether a live writer is registered in line (readers then wait, with writer preference).
+local function rw_writer_waiting(meta, queue, now_ms)
+    for _, owner in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+        local deadline, _, _, role = parse_registration(redis.call('HGET', meta, 'w:' .. owner))
+        if role == 'w' and deadline >= now_ms then
+            return true
+        end
+    end
+    return false
+end
+
+-- Hand the lock to what the front of the line may have now: a writer when nothing is held, or
+-- the readers at the front (one after the other, up to the first writer) when no writer holds
+-- it. One announcement names them all: "g:<ttl>:<owner>:<token>[:<owner>:<token>...]".
+-- Returns how many were granted.
+local function rw_admit(lock, meta, queue, channel, sharded, now, state)
+    if state.writer then
+        return 0
+    end
+    local now_ms = math.floor(now / 1000)
+    local granted, ttl, message = 0, nil, ''
+    local token = next_fence(meta, now) - 1
+    while true do
+        local head, lease, claim, role = live_head(meta, queue, now_ms)
+        if not head or (role == 'w' and (state.readers > 0 or granted > 0)) then
+            break
+        end
+        unregister(meta, queue, head)
+        local window = math.min(lease, claim)
+        ttl = ttl and math.min(ttl, window) or window
+        token = token + 1
+        if role == 'w' then
+            redis.call('HSET', lock, 'w', head, 'wt', int(token), 'wx', int(now_ms + window),
+                'we', ',')
+        else
+            redis.call('HSET', lock, 'r:' .. head, int(now_ms + window) .. ':' .. int(token) .. ':,')
+            state.readers = state.readers + 1
+        end
+        keep(lock, window)
+        message = message .. ':' .. head .. ':' .. int(token)
+        granted = granted + 1
+        if role == 'w' then
+            break
+        end
+    end
+    if granted > 0 then
+        redis.call('HSET', meta, 'fence', int(token))
+        keep(meta, AUX_TAIL_MS)
+        announce(channel, sharded, 'g:' .. int(ttl) .. message)
+    end
+    return granted
 end

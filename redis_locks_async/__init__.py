@@ -10,6 +10,7 @@ from ._fair import FairLock as FairLock
 from ._lease import HoldState as HoldState
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
+from ._rwlock import ReadWriteLock as ReadWriteLock
 
 __version__ = "0.1.0"
 
@@ -24,4 +25,5 @@ __all__ = (
     "LockState",
     "LockStatistics",
     "LockTimeout",
+    "ReadWriteLock",
 )

@@ -197,6 +197,12 @@ class Policy(ABC):
         keys = self.keys.script_keys
         return keys[index - 1] if 1 <= index <= len(keys) else keys[0]
 
+    @property
+    def peer_key(self) -> Hashable | None:
+        """Another hold key of the same lock whose holder the scripts must know (the write side
+        for the read side of a read/write lock: a downgrade); ``None`` for most primitives."""
+        return None
+
     def conflict(
         self, holds: Mapping[tuple[Hashable, asyncio.Task[Any]], Hold], task: asyncio.Task[Any]
     ) -> str | None:
@@ -206,10 +212,18 @@ class Policy(ABC):
 
     @abstractmethod
     def attempt(
-        self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int, sharded: bool
+        self,
+        owner: str,
+        lease_ms: int,
+        wait: bool,
+        grace_ms: int,
+        claim_ms: int,
+        sharded: bool,
+        peer: str,
     ) -> Call:
         """Take the lock for ``owner`` if it is free; with ``wait``, register to be handed it
-        (``sharded``: announce with ``SPUBLISH``, should the attempt hand the lock over)."""
+        (``sharded``: announce with ``SPUBLISH``, should the attempt hand the lock over;
+        ``peer``: the owner id of the calling task's hold on :attr:`peer_key`, or "")."""
 
     @abstractmethod
     def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
@@ -824,14 +838,22 @@ class LockBase:
         if reply.status == -2:
             raise wrong_type_error(self._name, action, self._policy.key_of(reply.token))
 
-    def _attempt_call(self, runtime: Runtime, owner: str, wait: bool) -> Call:
-        return self._policy.attempt(
+    def _attempt_call(
+        self, runtime: Runtime, owner: str, wait: bool, task: asyncio.Task[Any]
+    ) -> Call:
+        policy = self._policy
+        peer = ""
+        if policy.peer_key is not None:
+            held = runtime.holds.get((policy.peer_key, task))
+            peer = held.owner if held is not None and held.live else ""
+        return policy.attempt(
             owner,
             self._lease_ms,
             wait,
             self._grace_ms,
             self._claim_ms,
             runtime.topology.sharded,
+            peer,
         )
 
     async def _acquire(
@@ -848,7 +870,7 @@ class LockBase:
             sent_at = loop.time()
             runtime.trying[channel] = None
             try:
-                call = self._attempt_call(runtime, owner, False)
+                call = self._attempt_call(runtime, owner, False, task)
                 undo = self._abandon(owner)
                 if bound is None:
                     raw = await self._direct(runtime, call, undo)
@@ -918,7 +940,7 @@ class LockBase:
             if not await hub.subscribed(channel, deadline):
                 return False
             failures = 0
-            call = self._attempt_call(runtime, owner, True)
+            call = self._attempt_call(runtime, owner, True, task)
 
             def attempt() -> Awaitable[object]:
                 return self._call(runtime, call.run(self._redis), None, deadline)

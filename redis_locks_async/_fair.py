@@ -39,7 +39,14 @@ class FairLockPolicy(HashLockPolicy):
     __slots__ = ()
 
     def attempt(
-        self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int, sharded: bool
+        self,
+        owner: str,
+        lease_ms: int,
+        wait: bool,
+        grace_ms: int,
+        claim_ms: int,
+        sharded: bool,
+        peer: str,
     ) -> Call:
         """``fair_acquire.lua`` in mode "wait" or "try"."""
         return Call(

@@ -100,10 +100,7 @@ def slot_prefix(name: str) -> str:
 @final
 @dataclass(frozen=True, slots=True)
 class LockKeys:
-    """Every Redis name one lock uses (see the module docstring for why they never collide).
-
-    ``kind`` names the primitive ("lock", "fair", ...), so two primitives never share a channel.
-    """
+    """Every Redis name one lock uses (see the module docstring for why they never collide)."""
 
     name: str
     meta: bytes
@@ -113,9 +110,16 @@ class LockKeys:
 
     @classmethod
     def for_name(cls, name: str, kind: str = "lock") -> LockKeys:
-        """Lay out the keys of the lock called ``name``."""
+        """Lay out the keys of the lock called ``name``.
+
+        ``kind`` is the key layout: "lock" (``Lock``, ``FairLock``: one lock), or another
+        primitive's, whose auxiliary keys carry the kind (``{x}\\xffrw.meta``) so that
+        primitives of different kinds on one name never read each other's data.
+        """
         prefix = slot_prefix(name)
         aux = prefix.encode("utf-8") + AUX_SEPARATOR
+        if kind != "lock":
+            aux += kind.encode("ascii") + b"."
         return cls(
             name=name,
             meta=aux + b"meta",

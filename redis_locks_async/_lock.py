@@ -74,7 +74,14 @@ class LockPolicy(HashLockPolicy):
     __slots__ = ()
 
     def attempt(
-        self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int, sharded: bool
+        self,
+        owner: str,
+        lease_ms: int,
+        wait: bool,
+        grace_ms: int,
+        claim_ms: int,
+        sharded: bool,
+        peer: str,
     ) -> Call:
         """``lock_acquire.lua`` in mode "wait" or "try"."""
         return Call(

@@ -17,9 +17,11 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from redis_locks_async import Lease
+from redis_locks_async._fair import FAIR_ACQUIRE
 from redis_locks_async._keys import LockKeys
 from redis_locks_async._lock import SCRIPTS
 from redis_locks_async._runtime import Runtime, existing_runtime
+from redis_locks_async._rwlock import SCRIPTS as RW_SCRIPTS
 
 __all__ = (
     "aux_keys",
@@ -44,7 +46,7 @@ def _state(client: aioredis.Redis) -> Runtime | None:
 
 def script_sources() -> Sequence[str]:
     """The source of every Lua script the library runs (to ``SCRIPT LOAD`` them up front)."""
-    return [script.source for script in SCRIPTS]
+    return [script.source for script in (*SCRIPTS, FAIR_ACQUIRE, *RW_SCRIPTS)]
 
 
 def background_tasks(client: aioredis.Redis) -> set[asyncio.Task[Any]]:
@@ -108,9 +110,11 @@ def local_waiters(client: aioredis.Redis) -> int:
     return 0 if state is None else sum(hub.waiting for hub in state.hubs())
 
 
-def aux_keys(name: str) -> tuple[str | bytes, ...]:
-    """Every Redis key the lock ``name`` uses besides ``name`` itself."""
-    return LockKeys.for_name(name).aux_keys
+def aux_keys(name: str, layout: str = "lock") -> tuple[str | bytes, ...]:
+    """Every Redis key the lock ``name`` uses besides ``name`` itself (meta, queue, done).
+
+    ``layout``: "lock" for ``Lock``/``FairLock``, "rw" for ``ReadWriteLock``."""
+    return LockKeys.for_name(name, layout).aux_keys
 
 
 def channel_of(name: str) -> str | bytes:

@@ -35,6 +35,7 @@ def test_all_is_exactly_the_public_names() -> None:
         "LockState",
         "LockStatistics",
         "LockTimeout",
+        "ReadWriteLock",
     }
     for name in redis_locks_async.__all__:
         assert getattr(redis_locks_async, name).__doc__, name

@@ -132,7 +132,14 @@ class PermitPolicy(Policy):
         return ((keys.name, "zset"), (keys.meta, "hash"), (keys.queue, "zset"), (keys.done, "zset"))
 
     def attempt(
-        self, owner: str, lease_ms: int, wait: bool, grace_ms: int, claim_ms: int, sharded: bool
+        self,
+        owner: str,
+        lease_ms: int,
+        wait: bool,
+        grace_ms: int,
+        claim_ms: int,
+        sharded: bool,
+        peer: str,
     ) -> Call:
         args = (owner, lease_ms, "wait" if wait else "try", grace_ms, claim_ms, self.permits)
         return Call(_ACQUIRE, self.keys.script_keys, args)

@@ -1,0 +1,76 @@
+-- rw_acquire.lua: take one side of a read/write lock, or register to be handed it
+-- (redis-locks-async `ReadWriteLock`).
+--
+-- KEYS[1]  the lock: one HASH per name (writer fields w, wt, wx, we; one "r:<owner>" field per
+--          reader; see prelude.lua, rw_state); its TTL covers the longest hold
+-- KEYS[2]  meta HASH (fence, last, "w:<owner>" registrations with their role)
+-- KEYS[3]  queue ZSET (registered waiters by arrival), KEYS[4] done ZSET   -- as for Lock
+-- ARGV[1]  owner id of this acquisition (random, never reused)
+-- ARGV[2]  side: "r" (read) or "w" (write)
+-- ARGV[3]  lease in milliseconds (> 0)
+-- ARGV[4]  mode: "try" or "wait" (register when it cannot be taken now)
+-- ARGV[5]  registration grace in milliseconds; ARGV[6] claim window in milliseconds
+-- ARGV[7]  channel to announce on; ARGV[8] "1" for SPUBLISH
+-- ARGV[9]  "1": prefer writers (a reader waits while a live writer is registered)
+-- ARGV[10] owner id of the caller's own write hold ("" if none): reading then is a downgrade,
+--          allowed whatever else waits
+-- returns  {1, token, 1, ttl}  ARGV[1] holds this side (taken now, handed over while it
+--                              waited, or by an earlier run of this very call)
+--          {0, 0, 0, ttl}      it cannot be taken now; ttl: when the current holds end at
+--                              the latest (-1: unknown)
+--          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
+--          {-2, 1, 0, 0}       KEYS[1] is a hash of another kind of lock; nothing changed
+-- A key of another type fails the script with WRONGTYPE before anything is written.
+
+local lock, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local me, side, lease, mode = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local grace, claim = tonumber(ARGV[5]), tonumber(ARGV[6])
+local now = now_us()
+local now_ms = math.floor(now / 1000)
+
+local state = rw_state(lock, now_ms)
+if state.foreign then
+    return {-2, 1, 0, 0}
+end
+if side == 'w' and state.writer == me then
+    return {1, state.token, 1, state.expiry - now_ms}
+end
+if side == 'r' then
+    local mine = redis.call('HGET', lock, 'r:' .. me)
+    if mine then
+        local expiry, token = string.match(mine, '^(%d+):(%d+)')
+        return {1, tonumber(token), 1, tonumber(expiry) - now_ms}
+    end
+end
+if is_done(done, me) then
+    return {-1, 0, 0, 0}
+end
+redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
+redis.call('ZSCORE', queue, me)    -- and the queue
+
+local free
+if side == 'w' then
+    free = not state.writer and state.readers == 0
+else
+    free = (not state.writer or state.writer == ARGV[10])
+        and (ARGV[10] ~= '' or ARGV[9] ~= '1' or not rw_writer_waiting(meta, queue, now_ms))
+end
+if free then
+    local token = next_fence(meta, now)
+    unregister(meta, queue, me)
+    if side == 'w' then
+        redis.call('HSET', lock, 'w', me, 'wt', int(token), 'wx', int(now_ms + lease), 'we', ',')
+    else
+        redis.call('HSET', lock, 'r:' .. me, int(now_ms + lease) .. ':' .. int(token) .. ':,')
+    end
+    redis.call('HSET', meta, 'fence', int(token))
+    keep(meta, AUX_TAIL_MS)
+    keep(lock, lease)
+    return {1, token, 1, lease}
+end
+
+local ttl = redis.call('PTTL', lock)
+if mode == 'wait' then
+    register(meta, queue, me, now, lease, claim, grace + (ttl > 0 and ttl or lease), side)
+end
+return {0, 0, 0, ttl}

@@ -1,0 +1,249 @@
+"""``ReadWriteLock``: many readers or one writer, in one hash per name (so it works on a cluster).
+
+Layout in Redis (``lua/rw_*.lua``, ``prelude.lua``'s ``rw_state``): the lock is a hash under its
+own name. The writer is fields ``w`` (owner id), ``wt`` (fencing token), ``wx`` (expiry, server
+milliseconds) and ``we`` (its re-entries); each reader is a field ``r:<owner id>`` holding its
+own expiry, token and re-entries. Every hold has its own lease, renewed on its own, so a reader
+whose process died ends with its lease without touching the others; the key's TTL is kept at
+least as long as the longest hold, and expired holds are dropped by the next script that looks.
+The waiting line (``rw.queue``) and the registrations (``rw.meta``) are those of every lock in
+this library, each registration marked with its side.
+
+The two sides are two lock objects of ``Lock``'s shape, ``rw.read`` and ``rw.write``, over one
+core (two policies that differ only in their side). Rules:
+
+* readers share the lock; a writer excludes everyone; each side is reentrant per task;
+* **downgrade**: a task holding the write side may take the read side (at once, whatever
+  waits); when it then releases the write side, the readers at the front of the line get in
+  together, announced in one message;
+* **upgrade** — taking the write side while holding the read side — is refused at once with a
+  :class:`LockError` naming the lock: two readers upgrading would wait for each other forever;
+* **writer preference** (default): while a writer waits, new readers wait too, so a stream of
+  readers cannot starve it; ``prefer_writers=False`` lets readers in whenever no writer holds
+  the lock (a writer then waits for a moment without readers).
+
+Fencing tokens increase with every acquisition of either side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Final, final
+
+from ._core import LockBase, Policy
+from ._scripts import Call, Script, ints
+from ._validation import to_ms
+
+if TYPE_CHECKING:
+    from ._lease import Hold, LostCallback
+
+__all__ = ("ReadWriteLock",)
+
+RW_ACQUIRE: Final = Script("rw_acquire.lua")
+RW_REENTER: Final = Script("rw_reenter.lua")
+RW_RELEASE: Final = Script("rw_release.lua")
+RW_RENEW: Final = Script("rw_renew.lua")
+RW_LOCKED: Final = Script("rw_locked.lua")
+SCRIPTS: Final = (RW_ACQUIRE, RW_REENTER, RW_RELEASE, RW_RENEW, RW_LOCKED)
+
+
+class _SidePolicy(Policy):
+    """One side of a read/write lock (``side``: "r" or "w")."""
+
+    kind = "rw"
+    layout = "rw"
+    active_waiters = 1 << 30  # every waiter registers: readers are let in together
+    side: ClassVar[str]
+    __slots__ = ("_prefer",)
+
+    def __init__(self, name: str, prefer_writers: bool) -> None:
+        super().__init__(name)
+        self._prefer = "1" if prefer_writers else "0"
+
+    @property
+    def hold_key(self) -> Hashable:
+        """The read and write sides of one name are different holds."""
+        return ("rw", self.keys.name, self.side)
+
+    def attempt(
+        self,
+        owner: str,
+        lease_ms: int,
+        wait: bool,
+        grace_ms: int,
+        claim_ms: int,
+        sharded: bool,
+        peer: str,
+    ) -> Call:
+        """``rw_acquire.lua``."""
+        keys = self.keys
+        args = (
+            owner,
+            self.side,
+            lease_ms,
+            "wait" if wait else "try",
+            grace_ms,
+            claim_ms,
+            keys.channel,
+            "1" if sharded else "0",
+            self._prefer,
+            peer,
+        )
+        return Call(RW_ACQUIRE, keys.script_keys, args)
+
+    def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
+        """``rw_reenter.lua``."""
+        return Call(RW_REENTER, (self.keys.name,), (owner, self.side, entry, lease_ms))
+
+    def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
+        """``rw_release.lua``."""
+        keys = self.keys
+        args = (owner, self.side, mode, entry, keys.channel, "1" if sharded else "0")
+        return Call(RW_RELEASE, keys.script_keys, args)
+
+    def renew(self, owner: str, lease: float) -> Call:
+        """``rw_renew.lua``."""
+        return Call(RW_RENEW, (self.keys.name,), (owner, self.side, to_ms(lease)))
+
+    async def locked(self, client: Any) -> bool:
+        """``rw_locked.lua``: the write side is locked while anyone holds the lock, the read
+        side while a writer holds it."""
+        reply = await RW_LOCKED.run(client, (self.keys.name,), (self.side,))
+        return ints([reply], 1)[0] == 1
+
+
+@final
+class _ReadPolicy(_SidePolicy):
+    side = "r"
+    __slots__ = ()
+
+    @property
+    def peer_key(self) -> Hashable:
+        """The write side: a task that holds it downgrades."""
+        return ("rw", self.keys.name, "w")
+
+
+@final
+class _WritePolicy(_SidePolicy):
+    side = "w"
+    __slots__ = ()
+
+    def conflict(
+        self, holds: Mapping[tuple[Hashable, asyncio.Task[Any]], Hold], task: asyncio.Task[Any]
+    ) -> str | None:
+        """An upgrade (write while holding read) is refused: it would deadlock."""
+        read = holds.get((("rw", self.keys.name, "r"), task))
+        if read is not None and read.live:
+            return (
+                "this task holds it for reading; taking it for writing as well would wait for "
+                "its own read hold (and two readers upgrading would wait for each other forever)"
+                " — release the read side first, or take the write side first and downgrade"
+            )
+        return None
+
+
+class _Side(LockBase):
+    """One side of a :class:`ReadWriteLock` (the shape of :class:`Lock`)."""
+
+    _side_policy: ClassVar[type[_SidePolicy]]
+    __slots__ = ("_prefer",)
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str,
+        *,
+        prefer_writers: bool,
+        lease: float,
+        auto_renew: bool,
+        timeout: float | None,
+        on_lost: LostCallback | None,
+        claim_timeout: float,
+    ) -> None:
+        self._prefer = prefer_writers
+        super().__init__(
+            redis,
+            name,
+            lease=lease,
+            auto_renew=auto_renew,
+            timeout=timeout,
+            on_lost=on_lost,
+            claim_timeout=claim_timeout,
+        )
+
+    def _make_policy(self) -> Policy:
+        return self._side_policy(self._name, self._prefer)
+
+
+@final
+class ReadLock(_Side):
+    """The read side of a :class:`ReadWriteLock`: shared with other readers."""
+
+    _side_policy = _ReadPolicy
+    __slots__ = ()
+
+
+@final
+class WriteLock(_Side):
+    """The write side of a :class:`ReadWriteLock`: excludes readers and other writers."""
+
+    _side_policy = _WritePolicy
+    __slots__ = ()
+
+
+@final
+class ReadWriteLock:
+    """Many readers or one writer, across processes, in one Redis hash per name.
+
+    ::
+
+        rw = ReadWriteLock(client, "catalog")
+        async with rw.read as lease:       # with other readers
+            await show(catalog, fence=lease.fencing_token)
+        async with rw.write:               # alone
+            await update(catalog)
+
+    ``rw.read`` and ``rw.write`` have the shape of :class:`Lock` (``acquire``, ``release``,
+    ``extend``, ``transfer``, ``guarded``, ``async with``, leases, renewal, fencing tokens).
+    Each side is reentrant per task; a task holding the write side may take the read side (a
+    downgrade: when it releases the write side, waiting readers get in together); taking the
+    write side while holding the read side raises :class:`LockError` at once (it would
+    deadlock). With ``prefer_writers`` (default) new readers wait while a writer waits.
+    """
+
+    __slots__ = ("_name", "read", "write")
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str,
+        *,
+        lease: float = 30.0,
+        auto_renew: bool = True,
+        timeout: float | None = None,
+        on_lost: LostCallback | None = None,
+        claim_timeout: float = 2.0,
+        prefer_writers: bool = True,
+    ) -> None:
+        if not isinstance(prefer_writers, bool):
+            raise TypeError(f"prefer_writers must be a bool, not {type(prefer_writers).__name__}")
+        options: dict[str, Any] = {
+            "prefer_writers": prefer_writers,
+            "lease": lease,
+            "auto_renew": auto_renew,
+            "timeout": timeout,
+            "on_lost": on_lost,
+            "claim_timeout": claim_timeout,
+        }
+        self.read = ReadLock(redis, name, **options)
+        self.write = WriteLock(redis, name, **options)
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        """The lock's name (also its Redis key)."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"<ReadWriteLock {self._name!r} read={self.read!r} write={self.write!r}>"

@@ -1,0 +1,147 @@
+"""``ReadWriteLock``: shared readers, exclusive writers, downgrade, refused upgrade, writer
+preference, independent reader leases — against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import pytest
+import redis.asyncio as aioredis
+
+from redis_locks_async import LockError, ReadWriteLock
+from tests import _introspect as introspect
+
+if TYPE_CHECKING:
+    from tests.conftest import Connect
+
+
+async def registered(inspector: aioredis.Redis, name: str) -> int:
+    meta_queue = introspect.aux_keys(name, "rw")[1]
+    return int(await inspector.zcard(meta_queue))
+
+
+async def until_registered(inspector: aioredis.Redis, name: str, count: int) -> None:
+    async def poll() -> None:
+        while await registered(inspector, name) < count:  # noqa: ASYNC110 (server state)
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), 5)
+
+
+class TestReadWriteLock:
+    async def test_readers_share_and_a_writer_waits_for_them(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        rw = ReadWriteLock(client, name)
+        other = ReadWriteLock(connect(), name)
+        async with rw.read as first, other.read as second:
+            assert first.fencing_token != second.fencing_token
+            assert await rw.write.locked() and not await rw.read.locked()
+            assert not await ReadWriteLock(connect(), name).write.acquire(blocking=False)
+        writer = ReadWriteLock(connect(), name).write
+        assert await writer.acquire(blocking=False)
+        assert await rw.read.locked()
+        assert not await other.read.acquire(blocking=False)
+        await writer.release()
+        assert not await client.exists(name)
+
+    async def test_a_writer_release_lets_the_waiting_readers_in_together(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        writer = ReadWriteLock(client, name).write
+        await writer.acquire()
+        inside = 0
+        peak = 0
+        release = asyncio.Event()
+
+        async def reader() -> None:
+            nonlocal inside, peak
+            async with ReadWriteLock(connect(), name).read:
+                inside += 1
+                peak = max(peak, inside)
+                await release.wait()
+                inside -= 1
+
+        tasks = [asyncio.create_task(reader()) for _ in range(3)]
+        await until_registered(client, name, 3)
+        await writer.release()
+
+        async def all_in() -> None:
+            while inside < 3:  # noqa: ASYNC110 (a local count)
+                await asyncio.sleep(0.005)
+
+        await asyncio.wait_for(all_in(), 2)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        assert peak == 3
+
+    async def test_downgrade_and_refused_upgrade(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        rw = ReadWriteLock(client, name)
+        async with rw.read:
+            with pytest.raises(LockError, match=name):
+                await rw.write.acquire()
+        await rw.write.acquire()
+        waiting = asyncio.create_task(self._read_once(ReadWriteLock(connect(), name)))
+        await until_registered(client, name, 1)
+        await rw.read.acquire()  # a downgrade: allowed at once
+        await rw.write.release()  # the waiting reader gets in now, beside us
+        await asyncio.wait_for(waiting, 2)
+        await rw.read.release()
+        assert not await client.exists(name)
+
+    @staticmethod
+    async def _read_once(rw: ReadWriteLock) -> None:
+        async with rw.read:
+            pass
+
+    async def test_writers_are_not_starved_by_readers(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        reader = ReadWriteLock(client, name).read
+        await reader.acquire()
+        writer_in = asyncio.Event()
+
+        async def write() -> None:
+            async with ReadWriteLock(connect(), name).write:
+                writer_in.set()
+
+        writer = asyncio.create_task(write())
+        await until_registered(client, name, 1)
+        # a new reader waits behind the waiting writer (writer preference)
+        assert not await ReadWriteLock(connect(), name).read.acquire(blocking=False)
+        # without it, a new reader gets in
+        unfair = ReadWriteLock(connect(), name, prefer_writers=False).read
+        assert await unfair.acquire(blocking=False)
+        await unfair.release()
+        await reader.release()
+        await asyncio.wait_for(writer_in.wait(), 2)
+        await asyncio.wait_for(writer, 2)
+
+    async def test_a_readers_lease_ends_on_its_own(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        """A reader that stops renewing (its process died) ends with its lease; the other
+        reader keeps its hold, renewed."""
+        gone = ReadWriteLock(connect(), name, lease=0.3, auto_renew=False).read
+        kept = ReadWriteLock(connect(), name, lease=0.3).read
+        await gone.acquire()
+        await kept.acquire()
+        writer = ReadWriteLock(connect(), name).write
+        assert not await writer.acquire(timeout=0.8)  # the renewed reader is still there
+        lease = kept.current_lease
+        assert lease is not None and not lease.lost
+        await kept.release()
+        assert await writer.acquire(timeout=1)
+        await writer.release()
+
+    async def test_reentrant_sides(self, client: aioredis.Redis, name: str) -> None:
+        rw = ReadWriteLock(client, name)
+        async with rw.write, rw.write:
+            assert rw.write.current_lease is not None
+            assert rw.write.current_lease.hold_count == 2
+        async with rw.read, rw.read:
+            assert await rw.write.locked()
+        assert not await client.exists(name)

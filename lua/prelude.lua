@@ -229,3 +229,35 @@ local function rw_admit(lock, meta, queue, channel, sharded, now, state)
     end
     return granted
 end
+
+-- Semaphores (``Semaphore``) keep their holders in a ZSET owner -> expiry (server ms) under the
+-- semaphore's name; `meta` holds the permit count ("permits"), the fence, and each holder's
+-- token ("t:<owner>"). sem_admit drops expired holders and hands the free permits to the live
+-- registrations at the front of the line, one announcement naming them all. Returns how many.
+local function sem_admit(holders, meta, queue, channel, sharded, now, permits)
+    local now_ms = math.floor(now / 1000)
+    redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms - 1)
+    local free = permits - redis.call('ZCARD', holders)
+    local granted, ttl, message = 0, nil, ''
+    local token = next_fence(meta, now) - 1
+    while granted < free do
+        local head, lease, claim = live_head(meta, queue, now_ms)
+        if not head then
+            break
+        end
+        unregister(meta, queue, head)
+        local window = math.min(lease, claim)
+        ttl = ttl and math.min(ttl, window) or window
+        token = token + 1
+        redis.call('ZADD', holders, now_ms + window, head)
+        redis.call('HSET', meta, 't:' .. head, int(token))
+        keep(holders, window)
+        message = message .. ':' .. head .. ':' .. int(token)
+        granted = granted + 1
+    end
+    if granted > 0 then
+        redis.call('HSET', meta, 'fence', int(token))
+        announce(channel, sharded, 'g:' .. int(ttl) .. message)
+    end
+    return granted
+end

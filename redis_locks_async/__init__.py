@@ -11,6 +11,7 @@ from ._lease import HoldState as HoldState
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._rwlock import ReadWriteLock as ReadWriteLock
+from ._semaphore import Semaphore as Semaphore
 
 __version__ = "0.1.0"
 
@@ -26,4 +27,5 @@ __all__ = (
     "LockStatistics",
     "LockTimeout",
     "ReadWriteLock",
+    "Semaphore",
 )

@@ -22,6 +22,7 @@ from redis_locks_async._keys import LockKeys
 from redis_locks_async._lock import SCRIPTS
 from redis_locks_async._runtime import Runtime, existing_runtime
 from redis_locks_async._rwlock import SCRIPTS as RW_SCRIPTS
+from redis_locks_async._semaphore import SCRIPTS as SEM_SCRIPTS
 
 __all__ = (
     "aux_keys",
@@ -46,7 +47,7 @@ def _state(client: aioredis.Redis) -> Runtime | None:
 
 def script_sources() -> Sequence[str]:
     """The source of every Lua script the library runs (to ``SCRIPT LOAD`` them up front)."""
-    return [script.source for script in (*SCRIPTS, FAIR_ACQUIRE, *RW_SCRIPTS)]
+    return [script.source for script in (*SCRIPTS, FAIR_ACQUIRE, *RW_SCRIPTS, *SEM_SCRIPTS)]
 
 
 def background_tasks(client: aioredis.Redis) -> set[asyncio.Task[Any]]:
@@ -113,7 +114,8 @@ def local_waiters(client: aioredis.Redis) -> int:
 def aux_keys(name: str, layout: str = "lock") -> tuple[str | bytes, ...]:
     """Every Redis key the lock ``name`` uses besides ``name`` itself (meta, queue, done).
 
-    ``layout``: "lock" for ``Lock``/``FairLock``, "rw" for ``ReadWriteLock``."""
+    ``layout``: "lock" for ``Lock``/``FairLock``, "rw" for ``ReadWriteLock``, "sem" for
+    ``Semaphore``."""
     return LockKeys.for_name(name, layout).aux_keys
 
 

@@ -1,0 +1,54 @@
+-- sem_acquire.lua: take one permit of a semaphore, or register to be handed one
+-- (redis-locks-async `Semaphore`).
+--
+-- KEYS[1]  holders: a ZSET named like the semaphore, owner -> expiry (server ms)
+-- KEYS[2]  meta HASH: permits (the count, set by the first user or set_permits), fence,
+--          last (owner of the last release), "t:<owner>" tokens, "w:<owner>" registrations
+-- KEYS[3]  queue ZSET (registered waiters by arrival), KEYS[4] done ZSET   -- as for Lock
+-- ARGV[1]  owner id of this acquisition (random, never reused): one permit
+-- ARGV[2]  lease in milliseconds; ARGV[3] mode "try" or "wait"
+-- ARGV[4]  registration grace in milliseconds; ARGV[5] claim window in milliseconds
+-- ARGV[6]  the caller's permit count, used when the semaphore has none recorded yet
+-- returns  {1, token, 1, ttl}  ARGV[1] holds a permit (taken now, handed over while it waited,
+--                              or by an earlier run of this very call)
+--          {0, 0, 0, ttl}      no permit is free; ttl: when the first held one ends at the
+--                              latest
+--          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
+-- A key of another type fails the script with WRONGTYPE before anything is written.
+
+local holders, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local me, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local now = now_us()
+local now_ms = math.floor(now / 1000)
+
+local permits = tonumber(redis.call('HGET', meta, 'permits'))
+redis.call('ZSCORE', queue, me)  -- reads every key before the first write (type check)
+local mine = redis.call('ZSCORE', holders, me)
+if mine and tonumber(mine) >= now_ms then
+    return {1, tonumber(redis.call('HGET', meta, 't:' .. me) or '0'), 1, tonumber(mine) - now_ms}
+end
+if is_done(done, me) then
+    return {-1, 0, 0, 0}
+end
+if not permits then
+    permits = tonumber(ARGV[6])
+    redis.call('HSET', meta, 'permits', permits)
+    keep(meta, lease + AUX_TAIL_MS)
+end
+redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms - 1)
+if redis.call('ZCARD', holders) < permits then
+    local token = next_fence(meta, now)
+    unregister(meta, queue, me)
+    redis.call('ZADD', holders, now_ms + lease, me)
+    redis.call('HSET', meta, 'fence', int(token), 't:' .. me, int(token))
+    keep(meta, lease + AUX_TAIL_MS)
+    keep(holders, lease)
+    return {1, token, 1, lease}
+end
+local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+local ttl = first[2] and (tonumber(first[2]) - now_ms) or -1
+if mode == 'wait' then
+    register(meta, queue, me, now, lease, tonumber(ARGV[5]),
+             tonumber(ARGV[4]) + (ttl > 0 and ttl or lease))
+end
+return {0, 0, 0, ttl}

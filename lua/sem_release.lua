@@ -1,0 +1,52 @@
+-- sem_release.lua: give a permit back, or abandon what an owner reached, and hand the free
+-- permits to the front of the line (redis-locks-async `Semaphore`).
+--
+-- KEYS[1..4]  holders, meta, queue, done                   -- as in sem_acquire.lua
+-- ARGV[1]  owner id (one permit)
+-- ARGV[2]  mode: "final" (give the permit back), "abandon" (give up everything ARGV[1]
+--          reached: its registration, a permit taken or handed over meanwhile; fence its late
+--          attempts), "entry" (permits are not re-entered: answers "still held")
+-- ARGV[3]  entry id (unused); ARGV[4] channel; ARGV[5] "1" for SPUBLISH
+-- ARGV[6]  the caller's permit count (when none is recorded)
+-- returns  {1, 1}   still held (mode "entry")
+--          {0, 0}   released — also when this very release already ran (a retrying client
+--                   sent it again), or there was nothing to abandon
+--          {-1, 0}  ARGV[1] holds no permit: its lease ended
+-- A key of another type fails the script with WRONGTYPE before anything is written.
+
+local holders, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local me, mode, channel, sharded = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
+local now = now_us()
+local now_ms = math.floor(now / 1000)
+
+local last = redis.call('HGET', meta, 'last')  -- reads every key before the first write
+redis.call('ZSCORE', queue, me)
+redis.call('ZSCORE', done, me)
+local mine = redis.call('ZSCORE', holders, me)
+local live = mine and tonumber(mine) >= now_ms
+if mode == 'entry' then
+    return live and {1, 1} or {-1, 0}
+end
+if mode == 'abandon' then
+    unregister(meta, queue, me)
+    mark_done(done, me, now)
+elseif not live then
+    if last == me then
+        return {0, 0}
+    end
+    return {-1, 0}
+end
+if mine then
+    redis.call('ZREM', holders, me)
+    local token = redis.call('HGET', meta, 't:' .. me)
+    redis.call('HDEL', meta, 't:' .. me)
+    if live then
+        record_release(meta, token or '0', me)
+    end
+end
+local permits = tonumber(redis.call('HGET', meta, 'permits')) or tonumber(ARGV[6])
+sem_admit(holders, meta, queue, channel, sharded, now, permits)
+if redis.call('ZCARD', holders) == 0 then
+    redis.call('DEL', holders)
+end
+return {0, 0}

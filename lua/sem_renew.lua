@@ -1,0 +1,20 @@
+-- sem_renew.lua: renew one permit's lease; also how a waiter confirms a hand-over
+-- (redis-locks-async `Semaphore`; pipelined by the lease keeper).
+--
+-- KEYS[1]  holders ZSET; KEYS[2] meta HASH                 -- as in sem_acquire.lua
+-- ARGV[1]  owner id holding the permit; ARGV[2] new lease in milliseconds from now (> 0)
+-- returns  1 renewed, 0 ARGV[1] holds no permit any more (its lease ended): lost
+-- Idempotent. Keeps the semaphore's keys alive as long as the lease.
+
+local holders, meta, me = KEYS[1], KEYS[2], ARGV[1]
+local lease = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = redis.call('ZSCORE', holders, me)
+if not expiry or tonumber(expiry) < now_ms then
+    return 0
+end
+redis.call('ZADD', holders, 'XX', now_ms + lease, me)
+keep(holders, lease)
+keep(meta, lease + AUX_TAIL_MS)
+return 1

@@ -1,0 +1,111 @@
+"""``Semaphore``: N permits, per-holder leases, k freed permits wake k waiters, changes of the
+count at run time — against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import pytest
+import redis.asyncio as aioredis
+
+from redis_locks_async import LockNotOwnedError, Semaphore
+from tests import _introspect as introspect
+
+if TYPE_CHECKING:
+    from tests.conftest import Connect
+
+
+async def registered(inspector: aioredis.Redis, name: str) -> int:
+    return int(await inspector.zcard(introspect.aux_keys(name, "sem")[1]))
+
+
+async def until_registered(inspector: aioredis.Redis, name: str, count: int) -> None:
+    async def poll() -> None:
+        while await registered(inspector, name) < count:  # noqa: ASYNC110 (server state)
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), 5)
+
+
+class TestSemaphore:
+    @pytest.mark.parametrize("permits", [1, 3])
+    async def test_peak_concurrency_equals_permits(
+        self, connect: Connect, name: str, permits: int
+    ) -> None:
+        inside = peak = 0
+        clients = [connect() for _ in range(3)]
+
+        async def worker(i: int) -> None:
+            nonlocal inside, peak
+            async with Semaphore(clients[i % 3], name, permits):
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.02)
+                inside -= 1
+
+        await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(12))), 20)
+        assert peak == permits
+
+    async def test_a_task_may_hold_several_permits(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        sem = Semaphore(client, name, 2)
+        assert await sem.acquire() and await sem.acquire()
+        assert await sem.locked() and await sem.free_permits() == 0
+        assert not await Semaphore(client, name, 2).acquire(blocking=False)
+        await sem.release()
+        assert await sem.free_permits() == 1
+        await sem.release()
+        with pytest.raises(LockNotOwnedError):
+            await sem.release()
+        assert not await client.exists(name)
+
+    async def test_freed_permits_wake_that_many_waiters(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        holder = Semaphore(client, name, 1)
+        await holder.acquire()
+        entered = 0
+        leave = asyncio.Event()
+
+        async def waiter() -> None:
+            nonlocal entered
+            async with Semaphore(connect(), name, 1):
+                entered += 1
+                await leave.wait()
+
+        tasks = [asyncio.create_task(waiter()) for _ in range(3)]
+        await until_registered(client, name, 3)
+        await holder.set_permits(3)  # two more permits: two waiters in at once
+        await asyncio.sleep(0.3)
+        assert entered == 2
+        await holder.release()  # and the third gets the released one
+        await asyncio.sleep(0.3)
+        assert entered == 3
+        leave.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+    async def test_a_dead_holders_permit_comes_back_with_its_lease(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        await Semaphore(connect(), name, 1, lease=0.3, auto_renew=False).acquire()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await Semaphore(client, name, 1).acquire(timeout=2)
+        assert loop.time() - started < 1.0
+
+    async def test_bad_permits(self, client: aioredis.Redis, name: str) -> None:
+        for bad, error in ((0, ValueError), (-1, ValueError), (True, TypeError), (1.5, TypeError)):
+            with pytest.raises(error):
+                Semaphore(client, name, bad)  # type: ignore[arg-type]
+        sem = Semaphore(client, name, 2)
+        with pytest.raises(ValueError):
+            await sem.set_permits(0)
+        assert sem.permits == 2
+
+    async def test_permits_are_renewed(self, client: aioredis.Redis, name: str) -> None:
+        async with Semaphore(client, name, 1, lease=0.3) as lease:
+            await asyncio.sleep(1.0)
+            assert not lease.lost, lease.lost_reason
+            assert await Semaphore(client, name, 1).locked()

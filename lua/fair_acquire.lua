@@ -25,33 +25,18 @@ local me, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local grace, claim = tonumber(ARGV[4]), tonumber(ARGV[5])
 
 if redis.call('EXISTS', lock) == 1 then
-    local held = redis.call('HMGET', lock, 'owner', 'token')
-    if held[1] == me then
-        return {1, tonumber(held[2]), redis.call('HLEN', lock) - 1, redis.call('PTTL', lock)}
-    end
-    if not held[1] then
-        return {-2, 1, 0, 0}
-    end
-    local pttl = redis.call('PTTL', lock)
-    if mode == 'wait' then
-        if is_done(done, me) then
-            return {-1, 0, 0, 0}
-        end
-        redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
-        register(meta, queue, me, now_us(), lease, claim, grace + (pttl > 0 and pttl or lease))
-    end
-    return {0, 0, 0, pttl}
+    return attempt_held(lock, meta, queue, done, me, lease, mode, grace, claim)
 end
 
 if is_done(done, me) then
     return {-1, 0, 0, 0}
 end
 local now = now_us()
-local head, head_lease, head_claim = live_head(meta, queue, math.floor(now / 1000))
+local head = live_head(meta, queue, math.floor(now / 1000))
 if head and head ~= me then
     -- Free, but owed to the first in line (its grantee never confirmed, or the holder's lease
     -- ran out): hand it over as a release would have.
-    local ttl = grant(lock, meta, queue, ARGV[6], ARGV[7], now, head, head_lease, head_claim)
+    local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now)
     if mode == 'wait' then
         register(meta, queue, me, now, lease, claim, grace + ttl)
     end

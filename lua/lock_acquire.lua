@@ -27,23 +27,8 @@ local lock, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 if redis.call('EXISTS', lock) == 1 then
-    local held = redis.call('HMGET', lock, 'owner', 'token')
-    if held[1] == me then
-        return {1, tonumber(held[2]), redis.call('HLEN', lock) - 1, redis.call('PTTL', lock)}
-    end
-    if not held[1] then
-        return {-2, 1, 0, 0}
-    end
-    local pttl = redis.call('PTTL', lock)
-    if mode == 'wait' then
-        if is_done(done, me) then
-            return {-1, 0, 0, 0}
-        end
-        redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
-        register(meta, queue, me, now_us(), lease, tonumber(ARGV[5]),
-                 tonumber(ARGV[4]) + (pttl > 0 and pttl or lease))
-    end
-    return {0, 0, 0, pttl}
+    return attempt_held(lock, meta, queue, done, me, lease, mode, tonumber(ARGV[4]),
+                        tonumber(ARGV[5]))
 end
 
 if is_done(done, me) then

@@ -26,17 +26,9 @@ local me, mode, channel, sharded = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
 
 local held = redis.call('HMGET', lock, 'owner', 'token')
 if held[1] ~= me then
-    if mode == 'abandon' then
-        redis.call('HGET', meta, 'last')  -- reads meta before the first write (type check)
-        redis.call('ZSCORE', done, me)
-        unregister(meta, queue, me)
-        mark_done(done, me, now_us())
-        return {0, 0}
-    end
-    if mode == 'final' and redis.call('HGET', meta, 'last') == me then
-        return {0, 0}
-    end
-    return {-1, 0}
+    redis.call('HGET', meta, 'last')  -- reads meta and done before the first write (type check)
+    redis.call('ZSCORE', done, me)
+    return release_unheld(meta, queue, done, me, mode, now_us())
 end
 if mode == 'entry' then
     redis.call('HDEL', lock, 'e:' .. ARGV[3])

@@ -118,29 +118,85 @@ local function live_head(meta, queue, now_ms)
     end
 end
 
--- Give `lock` (a HASH: owner, token) to the registered waiter `head` and announce it:
--- "g:<ttl ms>:<owner>:<token>". The grantee gets only its claim window (ttl = min(claim,
--- lease)) until it confirms by renewing: a waiter that died while registered delays the next
--- one by at most its claim window. Returns the ttl.
-local function grant(lock, meta, queue, channel, sharded, now, head, lease, claim)
-    unregister(meta, queue, head)
-    local ttl = math.min(lease, claim)
-    local token = next_fence(meta, now)
-    redis.call('HSET', lock, 'owner', head, 'token', int(token))
-    redis.call('PEXPIRE', lock, ttl)
-    keep(meta, ttl + AUX_TAIL_MS)
-    announce(channel, sharded, 'g:' .. int(ttl) .. ':' .. head .. ':' .. int(token))
-    return ttl
+-- Hand what is free to the live registrations at the front of the line, as long as
+-- `take(role, granted)` says so (granted: how many so far); `record(head, window, token, role)`
+-- stores each grant. A grantee gets only its claim window (window = min(claim, lease)) until it
+-- confirms by renewing: a waiter that died while registered delays the next one by at most its
+-- claim window. One announcement names every grantee: "g:<ttl>:<owner>:<token>[:...]" (ttl:
+-- the shortest window). Returns how many were granted, and the ttl.
+local function grant_batch(meta, queue, channel, sharded, now, take, record)
+    local now_ms = math.floor(now / 1000)
+    local granted, ttl, message = 0, nil, ''
+    local token = next_fence(meta, now) - 1
+    while true do
+        local head, lease, claim, role = live_head(meta, queue, now_ms)
+        if not head or not take(role, granted) then
+            break
+        end
+        unregister(meta, queue, head)
+        local window = math.min(lease, claim)
+        ttl = ttl and math.min(ttl, window) or window
+        token = token + 1
+        record(head, window, token, role)
+        message = message .. ':' .. head .. ':' .. int(token)
+        granted = granted + 1
+    end
+    if granted > 0 then
+        redis.call('HSET', meta, 'fence', int(token))
+        keep(meta, ttl + AUX_TAIL_MS)
+        announce(channel, sharded, 'g:' .. int(ttl) .. message)
+    end
+    return granted, ttl
 end
 
--- Hand `lock` to the oldest waiter whose registration is live (see grant). Returns the new
--- owner, or nil when nobody live waits (the lock is then left free).
+-- Hand `lock` (a HASH: owner, token) to the oldest waiter whose registration is live (see
+-- grant_batch). Returns the claim window granted, or nil when nobody live waits (the lock is
+-- then left free).
 local function hand_over(lock, meta, queue, channel, sharded, now)
-    local head, lease, claim = live_head(meta, queue, math.floor(now / 1000))
-    if head then
-        grant(lock, meta, queue, channel, sharded, now, head, lease, claim)
+    local granted, ttl = grant_batch(meta, queue, channel, sharded, now,
+        function(_, count) return count == 0 end,
+        function(head, window, token)
+            redis.call('HSET', lock, 'owner', head, 'token', int(token))
+            redis.call('PEXPIRE', lock, window)
+        end)
+    return granted > 0 and ttl or nil
+end
+
+-- What an attempt on an existing (held) `lock` HASH answers: the caller's own hold (handed
+-- over while it waited, or taken by an earlier run of the same call), a foreign hash, or
+-- "held by another" — registering the caller in "wait" mode. Shared by the lock and fair lock.
+local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, claim)
+    local held = redis.call('HMGET', lock, 'owner', 'token')
+    if held[1] == me then
+        return {1, tonumber(held[2]), redis.call('HLEN', lock) - 1, redis.call('PTTL', lock)}
     end
-    return head
+    if not held[1] then
+        return {-2, 1, 0, 0}
+    end
+    local pttl = redis.call('PTTL', lock)
+    if mode == 'wait' then
+        if is_done(done, me) then
+            return {-1, 0, 0, 0}
+        end
+        redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
+        register(meta, queue, me, now_us(), lease, claim, grace + (pttl > 0 and pttl or lease))
+    end
+    return {0, 0, 0, pttl}
+end
+
+-- What a release or abandon by an owner that holds nothing (any more) answers: an abandon
+-- drops its registration and fences its late attempts; a re-sent final release finds its own
+-- trace in `meta` ("released"); anything else finds the lease gone (-1).
+local function release_unheld(meta, queue, done, me, mode, now)
+    if mode == 'abandon' then
+        unregister(meta, queue, me)
+        mark_done(done, me, now)
+        return {0, 0}
+    end
+    if mode == 'final' and redis.call('HGET', meta, 'last') == me then
+        return {0, 0}
+    end
+    return {-1, 0}
 end
 
 -- Read/write locks (``ReadWriteLock``) keep one HASH per name: the writer in fields w (owner),
@@ -190,44 +246,31 @@ end
 
 -- Hand the lock to what the front of the line may have now: a writer when nothing is held, or
 -- the readers at the front (one after the other, up to the first writer) when no writer holds
--- it. One announcement names them all: "g:<ttl>:<owner>:<token>[:<owner>:<token>...]".
--- Returns how many were granted.
+-- it, in one announcement (see grant_batch). Returns how many were granted.
 local function rw_admit(lock, meta, queue, channel, sharded, now, state)
     if state.writer then
         return 0
     end
     local now_ms = math.floor(now / 1000)
-    local granted, ttl, message = 0, nil, ''
-    local token = next_fence(meta, now) - 1
-    while true do
-        local head, lease, claim, role = live_head(meta, queue, now_ms)
-        if not head or (role == 'w' and (state.readers > 0 or granted > 0)) then
-            break
-        end
-        unregister(meta, queue, head)
-        local window = math.min(lease, claim)
-        ttl = ttl and math.min(ttl, window) or window
-        token = token + 1
-        if role == 'w' then
-            redis.call('HSET', lock, 'w', head, 'wt', int(token), 'wx', int(now_ms + window),
-                'we', ',')
-        else
-            redis.call('HSET', lock, 'r:' .. head, int(now_ms + window) .. ':' .. int(token) .. ':,')
-            state.readers = state.readers + 1
-        end
-        keep(lock, window)
-        message = message .. ':' .. head .. ':' .. int(token)
-        granted = granted + 1
-        if role == 'w' then
-            break
-        end
-    end
-    if granted > 0 then
-        redis.call('HSET', meta, 'fence', int(token))
-        keep(meta, AUX_TAIL_MS)
-        announce(channel, sharded, 'g:' .. int(ttl) .. message)
-    end
-    return granted
+    return (grant_batch(meta, queue, channel, sharded, now,
+        function(role, count)
+            if role == 'w' then
+                return state.readers == 0 and count == 0
+            end
+            return not state.writer
+        end,
+        function(head, window, token, role)
+            if role == 'w' then
+                redis.call('HSET', lock, 'w', head, 'wt', int(token), 'wx',
+                    int(now_ms + window), 'we', ',')
+                state.writer = head
+            else
+                redis.call('HSET', lock, 'r:' .. head,
+                    int(now_ms + window) .. ':' .. int(token) .. ':,')
+                state.readers = state.readers + 1
+            end
+            keep(lock, window)
+        end))
 end
 
 -- Semaphores (``Semaphore``) keep their holders in a ZSET owner -> expiry (server ms) under the
@@ -238,26 +281,11 @@ local function sem_admit(holders, meta, queue, channel, sharded, now, permits)
     local now_ms = math.floor(now / 1000)
     redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms - 1)
     local free = permits - redis.call('ZCARD', holders)
-    local granted, ttl, message = 0, nil, ''
-    local token = next_fence(meta, now) - 1
-    while granted < free do
-        local head, lease, claim = live_head(meta, queue, now_ms)
-        if not head then
-            break
-        end
-        unregister(meta, queue, head)
-        local window = math.min(lease, claim)
-        ttl = ttl and math.min(ttl, window) or window
-        token = token + 1
-        redis.call('ZADD', holders, now_ms + window, head)
-        redis.call('HSET', meta, 't:' .. head, int(token))
-        keep(holders, window)
-        message = message .. ':' .. head .. ':' .. int(token)
-        granted = granted + 1
-    end
-    if granted > 0 then
-        redis.call('HSET', meta, 'fence', int(token))
-        announce(channel, sharded, 'g:' .. int(ttl) .. message)
-    end
-    return granted
+    return (grant_batch(meta, queue, channel, sharded, now,
+        function(_, count) return count < free end,
+        function(head, window, token)
+            redis.call('ZADD', holders, now_ms + window, head)
+            redis.call('HSET', meta, 't:' .. head, int(token))
+            keep(holders, window)
+        end))
 end

@@ -36,16 +36,11 @@ else
     mine = redis.call('HGET', lock, 'r:' .. me)
 end
 if not mine then
+    local reply = release_unheld(meta, queue, done, me, mode, now)
     if mode == 'abandon' then
-        unregister(meta, queue, me)
-        mark_done(done, me, now)
         rw_admit(lock, meta, queue, channel, sharded, now, state)  -- it may have blocked others
-        return {0, 0}
     end
-    if mode == 'final' and redis.call('HGET', meta, 'last') == me then
-        return {0, 0}
-    end
-    return {-1, 0}
+    return reply
 end
 
 local mark = ',' .. ARGV[4] .. ','

@@ -19,7 +19,7 @@ local me, mode, channel, sharded = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 
-local last = redis.call('HGET', meta, 'last')  -- reads every key before the first write
+redis.call('HGET', meta, 'last')  -- reads every key before the first write (type check)
 redis.call('ZSCORE', queue, me)
 redis.call('ZSCORE', done, me)
 local mine = redis.call('ZSCORE', holders, me)
@@ -28,13 +28,9 @@ if mode == 'entry' then
     return live and {1, 1} or {-1, 0}
 end
 if mode == 'abandon' then
-    unregister(meta, queue, me)
-    mark_done(done, me, now)
+    release_unheld(meta, queue, done, me, mode, now)
 elseif not live then
-    if last == me then
-        return {0, 0}
-    end
-    return {-1, 0}
+    return release_unheld(meta, queue, done, me, mode, now)
 end
 if mine then
     redis.call('ZREM', holders, me)

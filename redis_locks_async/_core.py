@@ -77,7 +77,7 @@ except ImportError:  # pragma: no cover - depends on the installed redis-py
 if TYPE_CHECKING:
     from ._runtime import Topology
 
-__all__ = ("UNSET", "LockBase", "LockState", "LockStatistics", "Policy", "Reply")
+__all__ = ("UNSET", "Attempt", "LockBase", "LockState", "LockStatistics", "Policy", "Reply")
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -142,6 +142,18 @@ class _Counters:
         self.acquisitions = self.handovers = self.reentries = 0
         self.releases = self.timeouts = self.lost = 0
         self.waited = 0.0
+
+
+class Attempt(NamedTuple):
+    """What the core asks of an acquisition attempt (see :meth:`Policy.attempt`)."""
+
+    owner: str  # the acquisition's owner id
+    lease_ms: int
+    wait: bool  # register to be handed the lock when it cannot be taken now
+    grace_ms: int  # how long a registration outlives the holder's remaining lease
+    claim_ms: int  # how long a waiter handed the lock has to confirm it
+    sharded: bool  # announce with SPUBLISH, should the attempt hand the lock over
+    peer: str  # owner id of the caller's hold on Policy.peer_key, or ""
 
 
 class Reply(NamedTuple):
@@ -211,19 +223,9 @@ class Policy(ABC):
         return None
 
     @abstractmethod
-    def attempt(
-        self,
-        owner: str,
-        lease_ms: int,
-        wait: bool,
-        grace_ms: int,
-        claim_ms: int,
-        sharded: bool,
-        peer: str,
-    ) -> Call:
-        """Take the lock for ``owner`` if it is free; with ``wait``, register to be handed it
-        (``sharded``: announce with ``SPUBLISH``, should the attempt hand the lock over;
-        ``peer``: the owner id of the calling task's hold on :attr:`peer_key`, or "")."""
+    def attempt(self, a: Attempt) -> Call:
+        """Take the lock for ``a.owner`` if it may be taken now; with ``a.wait``, register to be
+        handed it otherwise (see :class:`Attempt`)."""
 
     @abstractmethod
     def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
@@ -847,13 +849,15 @@ class LockBase:
             held = runtime.holds.get((policy.peer_key, task))
             peer = held.owner if held is not None and held.live else ""
         return policy.attempt(
-            owner,
-            self._lease_ms,
-            wait,
-            self._grace_ms,
-            self._claim_ms,
-            runtime.topology.sharded,
-            peer,
+            Attempt(
+                owner,
+                self._lease_ms,
+                wait,
+                self._grace_ms,
+                self._claim_ms,
+                runtime.topology.sharded,
+                peer,
+            )
         )
 
     async def _acquire(

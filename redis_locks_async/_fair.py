@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Final, final
 
-from ._core import LockBase
+from ._core import Attempt, LockBase
 from ._lock import HashLockPolicy
 from ._scripts import Call, Script
 
@@ -38,30 +38,12 @@ class FairLockPolicy(HashLockPolicy):
     active_waiters = 1 << 30  # every local waiter registers in Redis
     __slots__ = ()
 
-    def attempt(
-        self,
-        owner: str,
-        lease_ms: int,
-        wait: bool,
-        grace_ms: int,
-        claim_ms: int,
-        sharded: bool,
-        peer: str,
-    ) -> Call:
+    def attempt(self, a: Attempt) -> Call:
         """``fair_acquire.lua`` in mode "wait" or "try"."""
-        return Call(
-            FAIR_ACQUIRE,
-            self.keys.script_keys,
-            (
-                owner,
-                lease_ms,
-                "wait" if wait else "try",
-                grace_ms,
-                claim_ms,
-                self.keys.channel,
-                "1" if sharded else "0",
-            ),
-        )
+        keys = self.keys
+        mode = "wait" if a.wait else "try"
+        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, keys.channel, int(a.sharded))
+        return Call(FAIR_ACQUIRE, keys.script_keys, args)
 
 
 @final

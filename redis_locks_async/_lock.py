@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Final, final
 
-from ._core import LockBase, Policy
+from ._core import Attempt, LockBase, Policy
 from ._scripts import Call, Script
 from ._validation import to_ms
 
@@ -73,22 +73,11 @@ class LockPolicy(HashLockPolicy):
     kind = "lock"
     __slots__ = ()
 
-    def attempt(
-        self,
-        owner: str,
-        lease_ms: int,
-        wait: bool,
-        grace_ms: int,
-        claim_ms: int,
-        sharded: bool,
-        peer: str,
-    ) -> Call:
+    def attempt(self, a: Attempt) -> Call:
         """``lock_acquire.lua`` in mode "wait" or "try"."""
-        return Call(
-            LOCK_ACQUIRE,
-            self.keys.script_keys,
-            (owner, lease_ms, "wait" if wait else "try", grace_ms, claim_ms),
-        )
+        mode = "wait" if a.wait else "try"
+        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms)
+        return Call(LOCK_ACQUIRE, self.keys.script_keys, args)
 
 
 @final

@@ -27,9 +27,7 @@ import math
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, final
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError, RedisError
 
 from ._lease import Hold
 
@@ -42,14 +40,6 @@ _BACKOFF: Final = (0.1, 0.2, 0.4, 0.8, 1.0)  # after a failed round trip
 _IDLE_LINGER: Final = 10.0  # seconds the keeper task outlives its last hold
 _MIN_BOUND: Final = 0.05  # the shortest time a renewal round trip is given
 
-_TRANSIENT: Final = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    ReadOnlyError,
-    OSError,
-    TimeoutError,
-    asyncio.TimeoutError,
-)
 
 
 def _due_at(hold: Hold) -> float:
@@ -174,7 +164,7 @@ class LeaseKeeper:
             if isinstance(result, NoScriptError):
                 reload[script.sha] = script.source
                 hold.renew_at = now  # again right after the reload
-            elif isinstance(result, _TRANSIENT):
+            elif isinstance(result, BaseException) and self._topology.transient(result):
                 failed = True
                 self._retry_or_lose(hold, result, now)
             elif isinstance(result, BaseException):

@@ -31,7 +31,7 @@ import asyncio
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
-from ._core import LockBase, Policy
+from ._core import Attempt, LockBase, Policy
 from ._scripts import Call, Script, ints
 from ._validation import to_ms
 
@@ -66,31 +66,13 @@ class _SidePolicy(Policy):
         """The read and write sides of one name are different holds."""
         return ("rw", self.keys.name, self.side)
 
-    def attempt(
-        self,
-        owner: str,
-        lease_ms: int,
-        wait: bool,
-        grace_ms: int,
-        claim_ms: int,
-        sharded: bool,
-        peer: str,
-    ) -> Call:
+    def attempt(self, a: Attempt) -> Call:
         """``rw_acquire.lua``."""
         keys = self.keys
-        args = (
-            owner,
-            self.side,
-            lease_ms,
-            "wait" if wait else "try",
-            grace_ms,
-            claim_ms,
-            keys.channel,
-            "1" if sharded else "0",
-            self._prefer,
-            peer,
-        )
-        return Call(RW_ACQUIRE, keys.script_keys, args)
+        mode = "wait" if a.wait else "try"
+        side, prefer = self.side, self._prefer
+        args = (a.owner, side, a.lease_ms, mode, a.grace_ms, a.claim_ms, keys.channel)
+        return Call(RW_ACQUIRE, keys.script_keys, (*args, int(a.sharded), prefer, a.peer))
 
     def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
         """``rw_reenter.lua``."""
@@ -149,28 +131,9 @@ class _Side(LockBase):
     _side_policy: ClassVar[type[_SidePolicy]]
     __slots__ = ("_prefer",)
 
-    def __init__(
-        self,
-        redis: Any,
-        name: str,
-        *,
-        prefer_writers: bool,
-        lease: float,
-        auto_renew: bool,
-        timeout: float | None,
-        on_lost: LostCallback | None,
-        claim_timeout: float,
-    ) -> None:
+    def __init__(self, redis: Any, name: str, *, prefer_writers: bool, **options: Any) -> None:
         self._prefer = prefer_writers
-        super().__init__(
-            redis,
-            name,
-            lease=lease,
-            auto_renew=auto_renew,
-            timeout=timeout,
-            on_lost=on_lost,
-            claim_timeout=claim_timeout,
-        )
+        super().__init__(redis, name, **options)
 
     def _make_policy(self) -> Policy:
         return self._side_policy(self._name, self._prefer)

@@ -24,7 +24,7 @@ from typing import Any, Final, final
 
 from redis.exceptions import RedisError
 
-from ._core import LockBase, Policy
+from ._core import Attempt, LockBase, Policy
 from ._lease import LostCallback
 from ._scripts import Call, Script, ints
 from ._validation import to_ms
@@ -66,18 +66,10 @@ class SemaphorePolicy(Policy):
         keys = self.keys
         return ((keys.name, "zset"), (keys.meta, "hash"), (keys.queue, "zset"), (keys.done, "zset"))
 
-    def attempt(
-        self,
-        owner: str,
-        lease_ms: int,
-        wait: bool,
-        grace_ms: int,
-        claim_ms: int,
-        sharded: bool,
-        peer: str,
-    ) -> Call:
+    def attempt(self, a: Attempt) -> Call:
         """``sem_acquire.lua``."""
-        args = (owner, lease_ms, "wait" if wait else "try", grace_ms, claim_ms, self.permits)
+        mode = "wait" if a.wait else "try"
+        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, self.permits)
         return Call(SEM_ACQUIRE, self.keys.script_keys, args)
 
     def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:  # pragma: no cover

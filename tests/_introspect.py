@@ -158,3 +158,21 @@ def lease_of(client: aioredis.Redis, name: str, task: asyncio.Task[Any]) -> Leas
     state = _state(client)
     hold = None if state is None else state.holds.get((("lock", name), task))
     return None if hold is None else hold.view
+
+
+async def registered_count(inspector: aioredis.Redis, name: str, layout: str = "lock") -> int:
+    """How many waiters are registered in Redis for the lock ``name`` (see :func:`aux_keys`)."""
+    return int(await inspector.zcard(LockKeys.for_name(name, layout).queue))
+
+
+async def until_registered(
+    inspector: aioredis.Redis, name: str, count: int, layout: str = "lock", within: float = 5.0
+) -> None:
+    """Wait until at least ``count`` waiters are registered for ``name`` (fail after
+    ``within`` seconds)."""
+
+    async def poll() -> None:
+        while await registered_count(inspector, name, layout) < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), within)

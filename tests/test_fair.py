@@ -14,18 +14,6 @@ if TYPE_CHECKING:
     from tests.conftest import Connect
 
 
-async def registered(inspector: aioredis.Redis, name: str) -> int:
-    return len(await introspect.registered_waiters(inspector, name))
-
-
-async def until_registered(inspector: aioredis.Redis, name: str, count: int) -> None:
-    async def poll() -> None:
-        while await registered(inspector, name) < count:  # noqa: ASYNC110 (server state)
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), 5)
-
-
 class TestFairLock:
     async def test_grants_in_order_of_arrival_across_clients(
         self, connect: Connect, client: aioredis.Redis, name: str
@@ -44,7 +32,7 @@ class TestFairLock:
         tasks = []
         for i in range(6):
             tasks.append(asyncio.create_task(waiter(i)))
-            await until_registered(client, name, i + 1)  # arrival order is known
+            await introspect.until_registered(client, name, i + 1)  # arrival order is known
         await holder.release()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert order == list(range(6))
@@ -64,7 +52,7 @@ class TestFairLock:
                 await asyncio.sleep(0.3)
 
         task = asyncio.create_task(wait())
-        await until_registered(client, name, 1)
+        await introspect.until_registered(client, name, 1)
         await client.delete(name)  # the holder's lease is gone without a release
         # a newcomer finds the lock free, but a waiter is first in line: it hands it over
         assert not await FairLock(client, name).acquire(blocking=False)
@@ -83,10 +71,10 @@ class TestFairLock:
             return await lock.acquire()
 
         first = asyncio.create_task(acquiring(FairLock(connect(), name)))
-        await until_registered(client, name, 1)
+        await introspect.until_registered(client, name, 1)
         second_lock = FairLock(connect(), name)
         second = asyncio.create_task(acquiring(second_lock))
-        await until_registered(client, name, 2)
+        await introspect.until_registered(client, name, 2)
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
         loop = asyncio.get_running_loop()

@@ -16,19 +16,6 @@ if TYPE_CHECKING:
     from tests.conftest import Connect
 
 
-async def registered(inspector: aioredis.Redis, name: str) -> int:
-    meta_queue = introspect.aux_keys(name, "rw")[1]
-    return int(await inspector.zcard(meta_queue))
-
-
-async def until_registered(inspector: aioredis.Redis, name: str, count: int) -> None:
-    async def poll() -> None:
-        while await registered(inspector, name) < count:  # noqa: ASYNC110 (server state)
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), 5)
-
-
 class TestReadWriteLock:
     async def test_readers_share_and_a_writer_waits_for_them(
         self, connect: Connect, client: aioredis.Redis, name: str
@@ -64,7 +51,7 @@ class TestReadWriteLock:
                 inside -= 1
 
         tasks = [asyncio.create_task(reader()) for _ in range(3)]
-        await until_registered(client, name, 3)
+        await introspect.until_registered(client, name, 3, "rw")
         await writer.release()
 
         async def all_in() -> None:
@@ -85,7 +72,7 @@ class TestReadWriteLock:
                 await rw.write.acquire()
         await rw.write.acquire()
         waiting = asyncio.create_task(self._read_once(ReadWriteLock(connect(), name)))
-        await until_registered(client, name, 1)
+        await introspect.until_registered(client, name, 1, "rw")
         await rw.read.acquire()  # a downgrade: allowed at once
         await rw.write.release()  # the waiting reader gets in now, beside us
         await asyncio.wait_for(waiting, 2)
@@ -109,7 +96,7 @@ class TestReadWriteLock:
                 writer_in.set()
 
         writer = asyncio.create_task(write())
-        await until_registered(client, name, 1)
+        await introspect.until_registered(client, name, 1, "rw")
         # a new reader waits behind the waiting writer (writer preference)
         assert not await ReadWriteLock(connect(), name).read.acquire(blocking=False)
         # without it, a new reader gets in

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from redis_locks_async import LockError
-from redis_locks_async._core import LockBase, Policy
+from redis_locks_async._core import Attempt, LockBase, Policy
 from redis_locks_async._scripts import Call, Script
 from redis_locks_async._validation import to_ms
 
@@ -131,17 +131,9 @@ class PermitPolicy(Policy):
         keys = self.keys
         return ((keys.name, "zset"), (keys.meta, "hash"), (keys.queue, "zset"), (keys.done, "zset"))
 
-    def attempt(
-        self,
-        owner: str,
-        lease_ms: int,
-        wait: bool,
-        grace_ms: int,
-        claim_ms: int,
-        sharded: bool,
-        peer: str,
-    ) -> Call:
-        args = (owner, lease_ms, "wait" if wait else "try", grace_ms, claim_ms, self.permits)
+    def attempt(self, a: Attempt) -> Call:
+        mode = "wait" if a.wait else "try"
+        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, self.permits)
         return Call(_ACQUIRE, self.keys.script_keys, args)
 
     def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:

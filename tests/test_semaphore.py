@@ -16,18 +16,6 @@ if TYPE_CHECKING:
     from tests.conftest import Connect
 
 
-async def registered(inspector: aioredis.Redis, name: str) -> int:
-    return int(await inspector.zcard(introspect.aux_keys(name, "sem")[1]))
-
-
-async def until_registered(inspector: aioredis.Redis, name: str, count: int) -> None:
-    async def poll() -> None:
-        while await registered(inspector, name) < count:  # noqa: ASYNC110 (server state)
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), 5)
-
-
 class TestSemaphore:
     @pytest.mark.parametrize("permits", [1, 3])
     async def test_peak_concurrency_equals_permits(
@@ -76,7 +64,7 @@ class TestSemaphore:
                 await leave.wait()
 
         tasks = [asyncio.create_task(waiter()) for _ in range(3)]
-        await until_registered(client, name, 3)
+        await introspect.until_registered(client, name, 3, "sem")
         await holder.set_permits(3)  # two more permits: two waiters in at once
         await asyncio.sleep(0.3)
         assert entered == 2

@@ -86,13 +86,15 @@ pytest-pythons:
 # oldest supported Python (python3.10 on PATH or under pyenv, else $(PYTHON)), against the bundled
 # Valkey. The redis and anyio floors are read from pyproject.toml's `>=` pins, so the floor that
 # is declared is the floor that is tested; hiredis is pinned to the lowest that redis's [hiredis]
-# extra accepts. Redone when pyproject.toml or the pins change; skipped with a note if no venv
+# extra accepts. Besides FAST_TESTS it runs the cancellation tests, the only ones that use anyio
+# (cancel scopes). Redone when pyproject.toml or the pins change; skipped with a note if no venv
 # can be created.
 MIN_VENV := .venv-min
 MIN_PY ?= 3.10
 MIN_REDIS := $(shell sed -n 's/^ *"redis\[hiredis\]>=\([0-9][0-9.]*\)",.*/\1/p' pyproject.toml)
 MIN_ANYIO := $(shell sed -n 's/^ *"anyio>=\([0-9][0-9.]*\)",.*/\1/p' pyproject.toml)
 MIN_HIREDIS ?= 3.2.0
+MIN_TESTS ?= $(FAST_TESTS) tests/test_lock_faults.py::TestCancellation
 pytest-minimum:
 	@if [ -z "$(MIN_REDIS)" ] || [ -z "$(MIN_ANYIO)" ]; then \
 		echo "=== cannot read the redis/anyio floors from pyproject.toml"; exit 1; \
@@ -113,7 +115,7 @@ pytest-minimum:
 	bin="$$($(MIN_VENV)/bin/python -m tests.servers --list | sed -n 1p)"; \
 	echo ""; \
 	echo "=== fast subset with the minimum versions ($$($(MIN_VENV)/bin/python -c 'from importlib.metadata import version as v; print(", ".join(f"{p} {v(p)}" for p in ("redis", "hiredis", "anyio")))')) on $$($(MIN_VENV)/bin/python --version) against $$bin"; \
-	REDIS_SERVER_BIN="$$bin" $(MIN_VENV)/bin/python -m pytest -q $(FAST_TESTS)
+	REDIS_SERVER_BIN="$$bin" $(MIN_VENV)/bin/python -m pytest -q $(MIN_TESTS)
 
 # Benchmarks are programs: a quick run (< 1 min) keeps them from rotting (STYLE §12).
 bench-smoke: venv

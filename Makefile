@@ -1,7 +1,8 @@
 # redis-locks-async — developer entry points. A fresh machine needs only Python >= 3.10 and make:
 # every target that needs the virtualenv creates it (.venv) first.
 #
-#   make test       ruff + mypy --strict + pytest once per server binary (bundled Valkey, system Redis)
+#   make test       ruff + mypy --strict + pytest once per server binary (bundled Valkey, system Redis),
+#                   plus fast subsets on Python 3.10/3.13 and with the minimum dependency versions
 #   make demo       python -m redis_locks_async demo (embedded server unless REDIS_URL is set)
 #   make bench      python -m benchmarks
 #   make lint / typecheck / clean / distclean
@@ -17,7 +18,7 @@ STAMP_DEMO := $(VENV)/.stamp-demo
 STAMP_BENCH := $(VENV)/.stamp-bench
 
 .DEFAULT_GOAL := test
-.PHONY: venv test pytest pytest-pythons bench-smoke lint typecheck demo bench clean distclean
+.PHONY: venv test pytest pytest-pythons pytest-minimum bench-smoke lint typecheck demo bench clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -75,17 +76,52 @@ pytest-pythons:
 			"$$py" -m venv "$$venv" && "$$venv/bin/python" -m pip install --quiet -e '.[test]' \
 				&& touch "$$venv/.stamp" || { status=1; continue; }; \
 		fi; \
-		bin="$$("$$venv/bin/python" -m tests.servers --list | head -n 1)"; \
+		bin="$$("$$venv/bin/python" -m tests.servers --list | sed -n 1p)"; \
 		echo ""; echo "=== fast subset on $$("$$venv/bin/python" --version) against $$bin"; \
 		REDIS_SERVER_BIN="$$bin" "$$venv/bin/python" -m pytest -q $(FAST_TESTS) || status=1; \
 	done; \
 	exit $$status
 
+# The fast subset with the lowest dependency versions pyproject.toml allows, in .venv-min on the
+# oldest supported Python (python3.10 on PATH or under pyenv, else $(PYTHON)), against the bundled
+# Valkey. The redis and anyio floors are read from pyproject.toml's `>=` pins, so the floor that
+# is declared is the floor that is tested; hiredis is pinned to the lowest that redis's [hiredis]
+# extra accepts. Besides FAST_TESTS it runs the cancellation tests, the only ones that use anyio
+# (cancel scopes). Redone when pyproject.toml or the pins change; skipped with a note if no venv
+# can be created.
+MIN_VENV := .venv-min
+MIN_PY ?= 3.10
+MIN_REDIS := $(shell sed -n 's/^ *"redis\[hiredis\]>=\([0-9][0-9.]*\)",.*/\1/p' pyproject.toml)
+MIN_ANYIO := $(shell sed -n 's/^ *"anyio>=\([0-9][0-9.]*\)",.*/\1/p' pyproject.toml)
+MIN_HIREDIS ?= 3.2.0
+MIN_TESTS ?= $(FAST_TESTS) tests/test_lock_faults.py::TestCancellation
+pytest-minimum:
+	@if [ -z "$(MIN_REDIS)" ] || [ -z "$(MIN_ANYIO)" ]; then \
+		echo "=== cannot read the redis/anyio floors from pyproject.toml"; exit 1; \
+	fi; \
+	py=""; \
+	for cand in "$$(command -v python$(MIN_PY) 2>/dev/null)" $$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/$(MIN_PY)*/bin/python$(MIN_PY) 2>/dev/null) "$$(command -v $(PYTHON) 2>/dev/null)"; do \
+		if [ -n "$$cand" ] && "$$cand" -c pass 2>/dev/null; then py="$$cand"; break; fi; \
+	done; \
+	pins="redis[hiredis]==$(MIN_REDIS) hiredis==$(MIN_HIREDIS) anyio==$(MIN_ANYIO)"; \
+	stamp="$(MIN_VENV)/.stamp"; \
+	if [ ! -f "$$stamp" ] || [ pyproject.toml -nt "$$stamp" ] || [ "$$(cat "$$stamp")" != "$$pins" ]; then \
+		if [ -z "$$py" ] || ! "$$py" -m venv $(MIN_VENV); then \
+			echo "=== cannot create $(MIN_VENV): minimum-versions subset skipped"; exit 0; \
+		fi; \
+		$(MIN_VENV)/bin/python -m pip install --quiet -e '.[test]' $$pins || exit 1; \
+		echo "$$pins" > "$$stamp"; \
+	fi; \
+	bin="$$($(MIN_VENV)/bin/python -m tests.servers --list | sed -n 1p)"; \
+	echo ""; \
+	echo "=== fast subset with the minimum versions ($$($(MIN_VENV)/bin/python -c 'from importlib.metadata import version as v; print(", ".join(f"{p} {v(p)}" for p in ("redis", "hiredis", "anyio")))')) on $$($(MIN_VENV)/bin/python --version) against $$bin"; \
+	REDIS_SERVER_BIN="$$bin" $(MIN_VENV)/bin/python -m pytest -q $(MIN_TESTS)
+
 # Benchmarks are programs: a quick run (< 1 min) keeps them from rotting (STYLE §12).
 bench-smoke: venv
 	$(VPY) -m benchmarks --quick --out "$$(mktemp -d)"
 
-test: lint typecheck bench-smoke pytest-pythons pytest
+test: lint typecheck bench-smoke pytest-pythons pytest-minimum pytest
 
 demo: $(STAMP_DEMO)
 	$(VPY) -m redis_locks_async demo

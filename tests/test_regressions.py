@@ -1,10 +1,11 @@
 """Regression tests for issue 5: one test (or one parametrised property) per finding.
 
 Each test's docstring starts with ``Regression (issue 5 #N):`` and names the bug; the test
-asserts the fixed contract (SPEC §3, §4, §6 S5/S6). Every one failed on the library before the
-issue-5 rewrite (the failure each produced is listed in the lead's merge note). They use only
-the public API, ``tests/_introspect.py`` (the one look inside the library), the fault proxy,
-real servers and real worker processes.
+asserts the fixed contract (SPEC §3, §4, §6 S5/S6). Each was checked to fail on the library as
+it was before the issue-5 rewrite (the only exceptions: the ``{T}X}b`` name pair, which guards
+the new key layout, and is marked as such). They use only the public API,
+``tests/_introspect.py`` (the one look inside the library), the fault proxy, real servers and
+real worker processes.
 
 Interleavings are driven by the proxy — replies held until the server shows that a command ran,
 replies lost under redis-py's retry, delayed or blackholed connections — and by events, not by
@@ -318,9 +319,9 @@ async def retrying(
 # name, ``T`` the tag the old layout gave ``X}b``. Each pair is tried in both orders.
 _NAME_PAIRS = [
     ("X", "{X}"),
-    ("X", "{X}:fence"),
+    ("X", "{X}:fence"),  # the old fence key of X
     ("X}b", "{T}:X}b"),
-    ("X}b", "{T}X}b"),
+    ("X}b", "{T}X}b"),  # not a collision before issue 5: the same trap for the new prefix
 ]
 
 
@@ -384,7 +385,7 @@ class TestTwoHolders:
         client: aioredis.Redis,
         name: str,
     ) -> None:
-        """Regression (issue 5 #2a): redis-py's retry re-ran a release whose reply was lost,
+        """Regression (issue 5 #2): redis-py's retry re-ran a release whose reply was lost,
         so one release freed a lock held twice."""
         lock = Lock(retrying, name)
         assert await lock.acquire()
@@ -413,7 +414,7 @@ class TestTwoHolders:
         client: aioredis.Redis,
         name: str,
     ) -> None:
-        """Regression (issue 5 #2b): redis-py's retry re-ran a re-entry whose reply was lost,
+        """Regression (issue 5 #2): redis-py's retry re-ran a re-entry whose reply was lost,
         so it counted twice and two releases never freed the lock."""
         lock = Lock(retrying, name)
         assert await lock.acquire()
@@ -438,7 +439,7 @@ class TestTwoHolders:
         client: aioredis.Redis,
         name: str,
     ) -> None:
-        """Regression (issue 5 #2c): a final release re-sent by redis-py's retry found the lock
+        """Regression (issue 5 #2): a final release re-sent by redis-py's retry found the lock
         gone and reported a spurious LockLostError and on_lost."""
         lost: list[Lease] = []
         lock = Lock(retrying, name, on_lost=lost.append)
@@ -715,6 +716,40 @@ class TestHangs:
         if not waiting.cancelled():
             waiting.exception()  # retrieved: LockError (or False) is fine
         await blocker.release()
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [{}, {"timeout": 5.0}, {"blocking": False}],
+        ids=["no-timeout", "timeout", "try"],
+    )
+    async def test_acquisition_in_flight_when_close_ends(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Regression (issue 5 #10): an acquisition still waiting for its reply when
+        ``client.aclose()`` finished must end in LockError — not hang, not ``True``, and not a
+        CancelledError in a task nobody cancelled — leaving nothing held or renewed."""
+        lock = Lock(proxied, name, lease=1.0)
+        assert await lock.acquire()  # the library is at work on this client
+        await lock.release()
+
+        fault_proxy.hold_replies()
+        attempt = asyncio.create_task(acquiring(lock, **kwargs))
+        await until(lambda: client.exists(name), what="the acquisition to run on the server")
+        await fault_proxy.wait_held()
+        await finish(asyncio.ensure_future(proxied.aclose()), 5.0, "aclose()")
+        fault_proxy.release_replies()
+        await finish(attempt, 5.0, "the acquisition")
+        if attempt.cancelled():
+            raise AssertionError("the acquisition ended in CancelledError; nobody cancelled it")
+        with pytest.raises(LockError):
+            attempt.result()
+        assert introspect.background_tasks(proxied) == set()
+        await until(lambda: is_free(client, name), what="the key to expire unrenewed", within=2.5)
 
     async def test_try_completing_after_close_on_a_caller_owned_pool(
         self, fault_proxy: FaultProxy, client: aioredis.Redis, name: str

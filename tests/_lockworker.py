@@ -6,6 +6,10 @@ Run as ``python -m tests._lockworker --url URL --name NAME [--lease S] MODE``:
     Acquire the lock, print ``held <fencing token>`` (flushed), then sleep until killed. The
     lease is auto-renewed, so the lock outlives its lease only while this process lives: the
     test SIGKILLs it and measures how soon a waiter takes over.
+``wait``
+    Print ``waiting`` (flushed), then wait for the lock with no timeout; once it holds it, print
+    ``held <fencing token>`` and sleep until killed. The test SIGKILLs it while it waits (its
+    registration on the server) to play a worker killed in a rolling deploy.
 ``contend --tasks T --rounds R``
     Print ``ready`` and wait for a line on stdin (the test's start signal, so every process
     contends at once); then T tasks each acquire the lock R times. Each hold is recorded as
@@ -31,6 +35,17 @@ from redis_locks_async import Lock
 async def _hold(url: str, name: str, lease: float) -> None:
     client = aioredis.Redis.from_url(url)
     lock = Lock(client, name, lease=lease)
+    await lock.acquire()
+    held = lock.current_lease
+    assert held is not None
+    print(f"held {held.fencing_token}", flush=True)
+    await asyncio.Event().wait()  # until SIGKILL
+
+
+async def _wait(url: str, name: str, lease: float) -> None:
+    client = aioredis.Redis.from_url(url)
+    lock = Lock(client, name, lease=lease)
+    print("waiting", flush=True)
     await lock.acquire()
     held = lock.current_lease
     assert held is not None
@@ -68,12 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=30.0)
     modes = parser.add_subparsers(dest="mode", required=True)
     modes.add_parser("hold")
+    modes.add_parser("wait")
     contend = modes.add_parser("contend")
     contend.add_argument("--tasks", type=int, default=3)
     contend.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args(argv)
     if args.mode == "hold":
         asyncio.run(_hold(args.url, args.name, args.lease))
+    elif args.mode == "wait":
+        asyncio.run(_wait(args.url, args.name, args.lease))
     else:
         asyncio.run(_contend(args.url, args.name, args.lease, args.tasks, args.rounds))
     return 0

@@ -1,0 +1,1282 @@
+"""Regression tests for issue 5: one test (or one parametrised property) per finding.
+
+Each test's docstring starts with ``Regression (issue 5 #N):`` and names the bug; the test
+asserts the fixed contract (SPEC §3, §4, §6 S5/S6). Each was checked to fail on the library as
+it was before the issue-5 rewrite (the only exceptions: the ``{T}X}b`` name pair, which guards
+the new key layout, and is marked as such). They use only the public API,
+``tests/_introspect.py`` (the one look inside the library), the fault proxy, real servers and
+real worker processes.
+
+Interleavings are driven by the proxy — replies held until the server shows that a command ran,
+replies lost under redis-py's retry, delayed or blackholed connections — and by events, not by
+sleeps. Real time is waited for only where it is the point: leases running out or being
+renewed, timeouts, health checks. Every wait has a bound (:func:`finish`, :func:`until`), so a
+regression fails fast instead of hanging the run.
+
+Groups: :class:`TestTwoHolders` (findings 1-9: two tasks believing they hold one lock, or a
+hold dropped silently), :class:`TestHangs` (10-16: held forever, hangs, busy loops, partial
+writes), :class:`TestMinor`, :class:`TestDeadWaiters`, :class:`TestFencingAcrossRestart`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from redis_locks_async import Lease, Lock, LockError, LockLostError, LockNotOwnedError
+from tests import _introspect as introspect
+from tests.faultproxy import FaultProxy
+from tests.servers import ServerProcess
+
+if TYPE_CHECKING:
+    from tests.conftest import Connect
+
+_T = TypeVar("_T")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+async def until(predicate: Callable[[], object], *, what: str, within: float = 5.0) -> None:
+    """Wait until ``predicate()`` (awaited if awaitable) is truthy, polling every 2 ms; fail
+    naming ``what`` after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = predicate()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+async def finish(task: asyncio.Future[Any], within: float, what: str) -> None:
+    """Wait for ``task``; if it is still running after ``within`` s, cancel it and fail."""
+    done, _ = await asyncio.wait((task,), timeout=within)
+    if not done:
+        task.cancel()
+        await asyncio.wait((task,), timeout=1.0)
+        raise AssertionError(f"{what}: still running after {within} s")
+
+
+async def outcome(
+    call: Callable[[], Awaitable[_T]], within: float, what: str
+) -> tuple[_T | BaseException, float]:
+    """Run ``call()`` in a task of its own, bounded by ``within`` s: what it returned or
+    raised, and how long it took."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def body() -> _T:
+        return await call()
+
+    task = asyncio.ensure_future(body())
+    await finish(task, within, what)
+    elapsed = loop.time() - started
+    if task.cancelled():
+        return asyncio.CancelledError(), elapsed
+    exc = task.exception()
+    return (exc if exc is not None else task.result()), elapsed
+
+
+async def acquiring(lock: Lock, **kwargs: Any) -> bool:
+    """``lock.acquire(**kwargs)`` as the body of a task (the task owns what it acquires)."""
+    return await lock.acquire(**kwargs)
+
+
+async def held_lease(lock: Lock) -> Lease:
+    """The calling task's lease on ``lock`` (it must hold it)."""
+    lease = lock.current_lease
+    assert lease is not None, f"the task does not hold {lock.name!r}"
+    return lease
+
+
+async def in_scope(scope: anyio.CancelScope, call: Callable[[], Awaitable[_T]]) -> _T | None:
+    """``call()`` inside ``scope``; ``None`` if the scope was cancelled."""
+    with scope:
+        return await call()
+    return None
+
+
+class Actor:
+    """A task that runs the coroutine functions it is handed, one at a time, in itself — so it
+    owns what it acquires — while the test drives faults from its own task."""
+
+    def __init__(self) -> None:
+        self._jobs: asyncio.Queue[
+            tuple[Callable[[], Awaitable[Any]], asyncio.Future[Any]] | None
+        ] = asyncio.Queue()
+        self.task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while (job := await self._jobs.get()) is not None:
+            call, result = job
+            try:
+                value = await call()
+            except Exception as exc:  # handed to the test, which asserts on it
+                result.set_exception(exc)
+            else:
+                result.set_result(value)
+
+    def submit(self, call: Callable[[], Awaitable[_T]]) -> asyncio.Future[_T]:
+        """Queue ``call``; the future resolves with what it returned or raised."""
+        result: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        self._jobs.put_nowait((call, result))
+        return result
+
+    async def run(self, call: Callable[[], Awaitable[_T]], within: float = 5.0) -> _T:
+        """Run ``call`` in the actor and return its result (fail after ``within`` s)."""
+        return await settled(self.submit(call), within, "actor job")
+
+    async def stop(self) -> None:
+        """Let the actor's task end (after the jobs queued so far)."""
+        self._jobs.put_nowait(None)
+        await finish(self.task, 5.0, "actor")
+
+
+async def settled(future: asyncio.Future[_T], within: float, what: str) -> _T:
+    """``future``'s result, failing (without cancelling it) if it takes over ``within`` s."""
+    done, _ = await asyncio.wait((future,), timeout=within)
+    if not done:
+        raise AssertionError(f"{what}: no result after {within} s")
+    return future.result()
+
+
+class HoldingTask:
+    """A task that acquires ``lock`` (so it owns it) and holds it until :meth:`end`."""
+
+    def __init__(self, lock: Lock, *, timeout: float | None = None) -> None:
+        self.lock = lock
+        self.acquired: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
+        self._end = asyncio.Event()
+        self.task = asyncio.create_task(self._run(timeout))
+
+    async def _run(self, wait: float | None) -> None:
+        if not await self.lock.acquire(timeout=wait):
+            self.acquired.set_result(None)
+            return
+        self.acquired.set_result(self.lock.current_lease)
+        await self._end.wait()
+        await self.lock.release()
+
+    async def wait_acquired(self, within: float = 5.0) -> Lease | None:
+        """The lease once acquired (``None`` if the acquire timed out); fails after
+        ``within`` s, or with what the acquire raised."""
+        await asyncio.wait(
+            (self.acquired, self.task), timeout=within, return_when=asyncio.FIRST_COMPLETED
+        )
+        if self.acquired.done():
+            return self.acquired.result()
+        if self.task.done():
+            self.task.result()  # raises what the acquire raised
+        raise AssertionError(f"{self.lock.name!r} not acquired within {within} s")
+
+    async def end(self) -> None:
+        """Release (if held) and wait for the task."""
+        self._end.set()
+        await finish(self.task, 5.0, "releasing task")
+        self.task.result()
+
+    async def cancel(self) -> None:
+        """Cancel the task (waiting, or holding) and wait for it; its outcome is ignored."""
+        self.task.cancel()
+        await asyncio.wait((self.task,), timeout=5.0)
+        if self.task.done() and not self.task.cancelled():
+            self.task.exception()  # retrieved
+
+
+async def owner_of(inspector: aioredis.Redis, name: str) -> str | None:
+    return await introspect.owner_in_redis(inspector, name)
+
+
+async def hold_count(inspector: aioredis.Redis, name: str) -> int:
+    return await introspect.server_hold_count(inspector, name)
+
+
+async def is_free(inspector: aioredis.Redis, name: str) -> bool:
+    return not await inspector.exists(name)
+
+
+async def lose_reply_of(proxy: FaultProxy, ran: Callable[[], Awaitable[bool]]) -> None:
+    """With replies held: once ``ran()`` shows the command executed on the server and its reply
+    reached the proxy, drop that reply with a RST (a retrying client sends the command again);
+    then let replies flow."""
+    try:
+        await until(ran, what="the command to run on the server")
+        await proxy.wait_held()
+        assert proxy.lose_held() == 1, "expected exactly one connection with a held reply"
+    finally:
+        proxy.release_replies()
+
+
+async def load_scripts(client: aioredis.Redis) -> None:
+    """``SCRIPT LOAD`` every script, so the first reply to a lock command is the script's own."""
+    for source in introspect.script_sources():
+        await client.script_load(source)
+
+
+async def registered(inspector: aioredis.Redis, name: str) -> int:
+    return len(await introspect.registered_waiters(inspector, name))
+
+
+async def snapshot(
+    inspector: aioredis.Redis, keys: Sequence[str | bytes]
+) -> list[tuple[object, object, bool]]:
+    """Each key's type, serialized value and whether it has a TTL: what a script could change."""
+    state: list[tuple[object, object, bool]] = []
+    for key in keys:
+        state.append(
+            (await inspector.type(key), await inspector.dump(key), await inspector.pttl(key) > 0)
+        )
+    return state
+
+
+def key_label(key: str | bytes, siblings: Sequence[str | bytes]) -> str:
+    """What tells ``key`` apart from its ``siblings`` (their common prefix stripped), as text."""
+    raw = [k.encode() if isinstance(k, str) else k for k in siblings]
+    mine = key.encode() if isinstance(key, str) else key
+    common = 0
+    while all(len(k) > common and k[common] == raw[0][common] for k in raw):
+        common += 1
+    return mine[common:].decode("utf-8", "backslashreplace")
+
+
+def tag_for(name: str) -> str:
+    """The smallest decimal tag hashing to ``name``'s cluster slot (how a name with a stray
+    ``}`` got its auxiliary prefix before issue 5: ``{tag}:name``)."""
+    slot = key_slot(name.encode())
+    candidate = 0
+    while key_slot(str(candidate).encode()) != slot:
+        candidate += 1
+    return str(candidate)
+
+
+async def server_ms(inspector: aioredis.Redis) -> int:
+    seconds, micros = await inspector.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def proxied(fault_proxy: FaultProxy, client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
+    """A client (``from_url``: no retry) whose connections all run through ``fault_proxy``;
+    connected, scripts loaded."""
+    await load_scripts(client)
+    conn = aioredis.Redis.from_url(fault_proxy.url)
+    await conn.ping()
+    try:
+        yield conn
+    finally:
+        fault_proxy.heal()
+        await conn.aclose()
+
+
+@pytest.fixture
+async def retrying(
+    fault_proxy: FaultProxy, client: aioredis.Redis
+) -> AsyncIterator[aioredis.Redis]:
+    """``Redis(host=…, port=…)`` through ``fault_proxy``: redis-py's default retry re-sends a
+    command whose reply was lost. Connected, scripts loaded."""
+    await load_scripts(client)
+    conn = aioredis.Redis(host=fault_proxy.host, port=fault_proxy.port)
+    await conn.ping()
+    try:
+        yield conn
+    finally:
+        fault_proxy.heal()
+        await conn.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# Findings 1-9: two holders at once, or a hold dropped without a signal
+# --------------------------------------------------------------------------------------------
+
+# Name pairs that shared keys, a queue, a fence or a channel before issue 5: ``X`` is a fresh
+# name, ``T`` the tag the old layout gave ``X}b``. Each pair is tried in both orders.
+_NAME_PAIRS = [
+    ("X", "{X}"),
+    ("X", "{X}:fence"),  # the old fence key of X
+    ("X}b", "{T}:X}b"),
+    ("X}b", "{T}X}b"),  # not a collision before issue 5: the same trap for the new prefix
+]
+
+
+def _name_cases() -> list[Any]:
+    cases = []
+    for a, b in _NAME_PAIRS:
+        cases.append(pytest.param(a, b, id=f"{a}|{b}"))
+        cases.append(pytest.param(b, a, id=f"{b}|{a}"))
+    return cases
+
+
+class TestTwoHolders:
+    @pytest.mark.parametrize(("template_a", "template_b"), _name_cases())
+    async def test_names_never_share_a_lock(
+        self, connect: Connect, client: aioredis.Redis, template_a: str, template_b: str
+    ) -> None:
+        """Regression (issue 5 #1): ``x`` and ``{x}`` (likewise ``a}b`` and ``{tag}:a}b``)
+        shared queue, fence and channel, so releasing one handed it to a waiter of the other,
+        and a lock named ``{x}:fence`` made ``x`` unusable."""
+        base = f"rx{secrets.token_hex(4)}"
+        tag = tag_for(base + "}b")
+
+        def materialize(template: str) -> str:
+            return template.replace("X", base).replace("T", tag)
+
+        a, b = materialize(template_a), materialize(template_b)
+        inspector = client
+        holder_b = HoldingTask(Lock(connect(), b))
+        lease_b = await holder_b.wait_acquired()
+        assert lease_b is not None
+        waiter_b = HoldingTask(Lock(connect(), b), timeout=10.0)
+        await until(lambda: registered(inspector, b), what=f"a waiter registered for {b!r}")
+
+        # Both names can be held at once, by different clients.
+        holder_a = HoldingTask(Lock(connect(), a))
+        lease_a = await holder_a.wait_acquired()
+        assert lease_a is not None, f"{a!r} is free but could not be acquired"
+        assert await owner_of(inspector, a) == introspect.lease_owner_id(lease_a)
+        assert await owner_of(inspector, b) == introspect.lease_owner_id(lease_b)
+
+        # Releasing one frees it; the waiter of the other neither gets it nor wakes as owner.
+        await holder_a.end()
+        assert await is_free(inspector, a), f"releasing {a!r} handed it to a waiter of {b!r}"
+        await asyncio.sleep(0.2)
+        assert not waiter_b.acquired.done(), f"releasing {a!r} made a waiter own {b!r}"
+        assert await owner_of(inspector, b) == introspect.lease_owner_id(lease_b)
+
+        # The other lock still works: its own release hands it to its own waiter.
+        await holder_b.end()
+        lease_w = await waiter_b.wait_acquired()
+        assert lease_w is not None
+        assert await owner_of(inspector, b) == introspect.lease_owner_id(lease_w)
+        await waiter_b.end()
+        assert await is_free(inspector, a)
+        assert await is_free(inspector, b)
+
+    async def test_release_with_lost_reply_under_retry_drops_one_hold(
+        self,
+        retrying: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (issue 5 #2): redis-py's retry re-ran a release whose reply was lost,
+        so one release freed a lock held twice."""
+        lock = Lock(retrying, name)
+        assert await lock.acquire()
+        assert await lock.acquire()
+        lease = await held_lease(lock)
+
+        fault_proxy.hold_replies()
+        fault = asyncio.create_task(
+            lose_reply_of(fault_proxy, lambda: _equal(hold_count(client, name), 1))
+        )
+        await lock.release()
+        await finish(fault, 5.0, "losing the release's reply")
+        fault.result()
+
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease), (
+            "one release (sent twice by the retry) freed a lock held twice"
+        )
+        assert await hold_count(client, name) == 1
+        await lock.release()
+        assert await is_free(client, name)
+
+    async def test_reentry_with_lost_reply_under_retry_counts_once(
+        self,
+        retrying: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (issue 5 #2): redis-py's retry re-ran a re-entry whose reply was lost,
+        so it counted twice and two releases never freed the lock."""
+        lock = Lock(retrying, name)
+        assert await lock.acquire()
+
+        fault_proxy.hold_replies()
+        fault = asyncio.create_task(
+            lose_reply_of(fault_proxy, lambda: _equal(hold_count(client, name), 2))
+        )
+        assert await lock.acquire()
+        await finish(fault, 5.0, "losing the re-entry's reply")
+        fault.result()
+
+        assert await hold_count(client, name) == 2, "the re-sent re-entry counted twice"
+        await lock.release()
+        await lock.release()
+        assert await is_free(client, name), "two releases did not free a lock entered twice"
+
+    async def test_final_release_with_lost_reply_under_retry_succeeds(
+        self,
+        retrying: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (issue 5 #2): a final release re-sent by redis-py's retry found the lock
+        gone and reported a spurious LockLostError and on_lost."""
+        lost: list[Lease] = []
+        lock = Lock(retrying, name, on_lost=lost.append)
+        assert await lock.acquire()
+        lease = await held_lease(lock)
+
+        fault_proxy.hold_replies()
+        fault = asyncio.create_task(lose_reply_of(fault_proxy, lambda: is_free(client, name)))
+        await lock.release()  # must not raise LockLostError
+        await finish(fault, 5.0, "losing the release's reply")
+        fault.result()
+
+        assert lost == [], "on_lost was called for a lock released normally"
+        assert not lease.lost
+        assert await is_free(client, name)
+
+    async def test_failed_inner_release_keeps_the_outer_hold(
+        self, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #3): a nested release that failed on a network error marked the
+        whole hold released and abandoned it on the server, silently, while the task was still
+        inside its outer block."""
+        await load_scripts(client)
+        conn = aioredis.Redis.from_url(fault_proxy.url, socket_timeout=0.5)
+        try:
+            await conn.ping()
+            lock = Lock(conn, name)
+            assert await lock.acquire()
+            assert await lock.acquire()
+            lease = await held_lease(lock)
+
+            fault_proxy.blackhole()
+            loop = asyncio.get_running_loop()
+            heal = loop.call_later(1.0, fault_proxy.heal)
+            try:
+                with contextlib.suppress(LockError):
+                    await lock.release()  # the inner one
+            finally:
+                await asyncio.sleep(max(0.0, heal.when() - loop.time()))
+                fault_proxy.heal()
+            await introspect.drain(conn)
+            await asyncio.sleep(0.2)
+
+            if not lease.lost:
+                assert await owner_of(client, name) == introspect.lease_owner_id(lease), (
+                    "the outer hold was dropped on the server without a loss signal"
+                )
+                assert lock.owned(), "the outer hold was dropped locally without a loss signal"
+                await lock.release()  # the outer one frees it
+                assert await is_free(client, name)
+        finally:
+            fault_proxy.heal()
+            await conn.aclose()
+
+    @pytest.mark.parametrize("how", ["extend", "reenter"])
+    async def test_shortened_lease_is_renewed(
+        self, connect: Connect, client: aioredis.Redis, name: str, how: str
+    ) -> None:
+        """Regression (issue 5 #4): ``extend(0.5)`` on a 30 s hold, or a re-entry through a
+        ``Lock(…, lease=0.5)``, set a short server TTL that the keeper never renewed, so
+        another client acquired the lock under a live holder."""
+        lock = Lock(client, name)
+        assert await lock.acquire()
+        lease = await held_lease(lock)
+        inner = Lock(client, name, lease=0.5)
+        if how == "extend":
+            await lock.extend(0.5)
+        else:
+            assert await inner.acquire()  # re-enters the same hold
+
+        await asyncio.sleep(1.6)  # three shortened leases
+        other = Lock(connect(), name)
+        assert not await other.acquire(blocking=False), "another client took a held lock"
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease)
+        assert not lease.lost
+        if how == "reenter":
+            await inner.release()
+        await lock.release()
+        assert await is_free(client, name)
+
+    async def test_nested_guarded_keeps_the_outer_guard(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #5): leaving a nested ``guarded()`` block disarmed the outer
+        one, so losing the lease no longer cancelled the outer block."""
+        lock = Lock(client, name, lease=0.6)
+        carried_on = asyncio.Event()
+
+        async def work() -> None:
+            async with lock.guarded():
+                async with lock.guarded():
+                    pass
+                await client.delete(name)  # the lease is gone; renewal will notice
+                await asyncio.sleep(10)
+                carried_on.set()
+
+        task = asyncio.create_task(work())
+        await finish(task, 3.0, "the outer guarded block after its lease was lost")
+        assert not carried_on.is_set()
+        with pytest.raises(LockLostError):
+            task.result()
+
+    async def test_cancelled_reentry_undo_spares_a_later_reentry(
+        self, proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #6): the undo of a cancelled re-entry reset the hold count to a
+        value captured before a later successful re-entry, so one release freed the lock under
+        the outer hold."""
+        lock = Lock(proxied, name)
+        actor = Actor()
+        try:
+            assert await actor.run(lock.acquire)
+            lease = await actor.run(lambda: held_lease(lock))
+
+            # Re-entry A reaches the server; its reply is delayed at the proxy; A is cancelled.
+            fault_proxy.delay(1.0)
+            scope = anyio.CancelScope()
+            first = actor.submit(lambda: in_scope(scope, lock.acquire))
+            await until(lambda: _equal(hold_count(client, name), 2), what="re-entry A to run")
+            await fault_proxy.wait_pending_down()
+            fault_proxy.delay(0)
+            scope.cancel()
+            assert await settled(first, 5.0, "cancelled re-entry") is None
+
+            # Re-entry B succeeds while A's reply is still on its way.
+            assert await actor.run(lock.acquire)
+            await until(
+                lambda: fault_proxy.stats.bytes_pending_down == 0,
+                what="re-entry A's reply to be delivered",
+            )
+            await introspect.drain(proxied)
+
+            await actor.run(lock.release)  # releases B: the outer hold remains
+            assert await owner_of(client, name) == introspect.lease_owner_id(lease), (
+                "the undo of the cancelled re-entry undid the later one too: the inner release "
+                "freed the lock under the outer hold"
+            )
+            assert await hold_count(client, name) == 1
+            await actor.run(lock.release)
+            assert await is_free(client, name)
+        finally:
+            await actor.stop()
+
+    async def test_handover_found_by_an_attempt_uses_the_reply_ttl(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (issue 5 #7): a waiter that missed its grant message and found itself
+        owner on a re-check took its expiry as ``now + lease`` instead of the reply's PTTL, so
+        its first renewal came after the server had expired the lock."""
+        lease_s = 1.5
+        holder = Lock(connect(), name, lease=lease_s, auto_renew=False)
+        assert await holder.acquire()
+        waiter = HoldingTask(Lock(proxied, name, lease=lease_s))
+        await until(lambda: registered(client, name), what="the waiter's registration")
+        assert fault_proxy.blackhole_where(b"SUBSCRIBE") == 1  # the grant will be missed
+        await asyncio.sleep(0.1)
+        await holder.release()  # hands the lock to the waiter, whose grant message is lost
+
+        lease = await waiter.wait_acquired(within=2 * lease_s)
+        assert lease is not None
+        await asyncio.sleep(2 * lease_s)
+        assert not lease.lost, f"the handed-over lease was lost: {lease.lost_reason}"
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease)
+        fault_proxy.heal()
+        await waiter.end()
+        assert await is_free(client, name)
+
+    async def test_wait_for_acquire_is_owned_by_the_caller(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #8): ``await asyncio.wait_for(lock.acquire(), t)`` on Python
+        3.10/3.11 ran acquire in a helper task whose end released the lock at once, while the
+        caller got ``True`` (its release then raised LockNotOwnedError)."""
+        lock = Lock(client, name)
+        assert await asyncio.wait_for(lock.acquire(), 5.0)
+        lease = await held_lease(lock)
+        for _ in range(20):
+            await asyncio.sleep(0)  # let a helper task's end run its callbacks
+        assert lock.owned()
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease)
+        assert not await Lock(connect(), name).acquire(blocking=False)
+        await lock.release()
+        assert await is_free(client, name)
+
+    async def test_acquire_as_a_whole_task_is_refused(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #8): ``await asyncio.create_task(lock.acquire())`` returned
+        ``True`` for a lock the ending task then released at once."""
+        lock = Lock(client, name)
+        with pytest.raises(LockError):
+            await asyncio.create_task(lock.acquire())
+        await introspect.drain(client)
+        assert await is_free(client, name)
+        assert not introspect.held_leases(client)
+
+    async def test_cancel_during_inner_release(
+        self, proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #9): cancelling a task during an inner release replaced its
+        CancelledError with LockNotOwnedError and left a ghost hold renewed forever."""
+        lock = Lock(proxied, name)
+        entered, go = asyncio.Event(), asyncio.Event()
+
+        async def nested() -> None:
+            async with lock, lock:  # entered twice: an outer and an inner hold
+                entered.set()
+                await go.wait()
+
+        task = asyncio.create_task(nested())
+        await settled(asyncio.ensure_future(entered.wait()), 5.0, "entering twice")
+        fault_proxy.hold_replies()
+        go.set()
+        await until(lambda: _equal(hold_count(client, name), 1), what="the inner release")
+        await fault_proxy.wait_held()
+        task.cancel()
+        fault_proxy.release_replies()
+        await finish(task, 5.0, "the cancelled task")
+        if not task.cancelled():
+            raise AssertionError(f"the task's CancelledError was replaced by {task.exception()!r}")
+
+        await introspect.drain(proxied)
+        await until(lambda: is_free(client, name), what="the lock to be released", within=3.0)
+        await until(
+            lambda: introspect.keeper_size(proxied) == 0,
+            what="the keeper to let go of the hold",
+            within=3.0,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Findings 10-16: held forever, hangs, busy loops, partial writes
+# --------------------------------------------------------------------------------------------
+
+
+class TestHangs:
+    async def test_acquisition_completing_during_close(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (issue 5 #10): an acquisition whose reply arrived while
+        ``client.aclose()`` was under way returned ``True`` with a lease never marked lost."""
+        other = name + ":other"
+        blocker = Lock(connect(), other)
+        assert await blocker.acquire()
+        # A waiter on the closing client keeps the close busy for a moment (it cleans up).
+        waiting = asyncio.create_task(acquiring(Lock(proxied, other), timeout=10.0))
+        await until(lambda: registered(client, other), what="the waiter's registration")
+
+        fault_proxy.hold_replies()
+        attempt = asyncio.create_task(acquiring(Lock(proxied, name, lease=1.0)))
+        await until(lambda: client.exists(name), what="the acquisition to run on the server")
+        await fault_proxy.wait_held()
+        closing = asyncio.create_task(proxied.aclose())
+        await asyncio.sleep(0.1)  # the close is under way
+        fault_proxy.release_replies()
+        await finish(closing, 5.0, "aclose()")
+        await finish(attempt, 5.0, "the acquisition")
+        await finish(waiting, 5.0, "the waiter")
+
+        with pytest.raises(LockError):
+            attempt.result()
+        assert introspect.background_tasks(proxied) == set()
+        await until(lambda: is_free(client, name), what="the key to expire unrenewed", within=2.5)
+        if not waiting.cancelled():
+            waiting.exception()  # retrieved: LockError (or False) is fine
+        await blocker.release()
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [{}, {"timeout": 5.0}, {"blocking": False}],
+        ids=["no-timeout", "timeout", "try"],
+    )
+    async def test_acquisition_in_flight_when_close_ends(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Regression (issue 5 #10): an acquisition still waiting for its reply when
+        ``client.aclose()`` finished must end in LockError — not hang, not ``True``, and not a
+        CancelledError in a task nobody cancelled — leaving nothing held or renewed."""
+        lock = Lock(proxied, name, lease=1.0)
+        assert await lock.acquire()  # the library is at work on this client
+        await lock.release()
+
+        fault_proxy.hold_replies()
+        attempt = asyncio.create_task(acquiring(lock, **kwargs))
+        await until(lambda: client.exists(name), what="the acquisition to run on the server")
+        await fault_proxy.wait_held()
+        await finish(asyncio.ensure_future(proxied.aclose()), 5.0, "aclose()")
+        fault_proxy.release_replies()
+        await finish(attempt, 5.0, "the acquisition")
+        if attempt.cancelled():
+            raise AssertionError("the acquisition ended in CancelledError; nobody cancelled it")
+        with pytest.raises(LockError):
+            attempt.result()
+        assert introspect.background_tasks(proxied) == set()
+        await until(lambda: is_free(client, name), what="the key to expire unrenewed", within=2.5)
+
+    async def test_try_completing_after_close_on_a_caller_owned_pool(
+        self, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #10): on a client with a caller-owned ConnectionPool (which
+        ``aclose()`` leaves open), a ``blocking=False`` acquire whose reply arrived after the
+        close returned ``True`` and started a new keeper that renewed the lock forever."""
+        await load_scripts(client)
+        pool = aioredis.ConnectionPool.from_url(fault_proxy.url)
+        conn = aioredis.Redis(connection_pool=pool)
+        try:
+            lock = Lock(conn, name, lease=1.0)
+            assert await lock.acquire()  # the library is at work on this client
+            await lock.release()
+
+            fault_proxy.hold_replies()
+            attempt = asyncio.create_task(acquiring(lock, blocking=False))
+            await until(lambda: client.exists(name), what="the attempt to run on the server")
+            await fault_proxy.wait_held()
+            await finish(asyncio.ensure_future(conn.aclose()), 5.0, "aclose()")
+            fault_proxy.release_replies()
+            await finish(attempt, 5.0, "the attempt")
+            with pytest.raises(LockError):
+                attempt.result()
+
+            with pytest.raises(LockError):  # and after the close, no new acquisition
+                await Lock(conn, name + ":new", lease=1.0).acquire(blocking=False)
+            assert introspect.background_tasks(conn) == set()
+            await until(
+                lambda: is_free(client, name), what="the key to expire unrenewed", within=2.5
+            )
+            assert await is_free(client, name + ":new")
+        finally:
+            fault_proxy.heal()
+            await pool.disconnect()
+
+    async def test_new_wait_on_a_silently_dead_pubsub_is_bounded(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (issue 5 #11): with the pub/sub connection silently dead (half-open),
+        ``acquire(timeout=1)`` on another held lock waited for a subscribe confirmation with no
+        bound and never returned."""
+        holder = connect()
+        first, second = name + ":a", name + ":b"
+        blockers = [Lock(holder, first), Lock(holder, second)]
+        for blocker in blockers:
+            assert await blocker.acquire()
+        waiting = asyncio.create_task(acquiring(Lock(proxied, first), timeout=10.0))
+        await until(lambda: registered(client, first), what="the first waiter's registration")
+        assert fault_proxy.blackhole_where(b"SUBSCRIBE") == 1
+
+        result, elapsed = await outcome(
+            lambda: Lock(proxied, second).acquire(timeout=1.0), 4.0, "acquire(timeout=1)"
+        )
+        assert result is False or isinstance(result, LockError), result
+        assert elapsed <= 1.6, f"acquire(timeout=1) took {elapsed:.2f} s"
+        waiting.cancel()
+        await asyncio.wait((waiting,), timeout=5.0)
+        for blocker in blockers:
+            await blocker.release()
+
+    @pytest.mark.slow
+    async def test_waiter_on_a_silently_dead_pubsub_proceeds(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (issue 5 #11): a waiter whose pub/sub connection died silently (no
+        health check) missed the release and slept until the holder's whole lease ended."""
+        holder = Lock(connect(), name)  # a 30 s lease
+        assert await holder.acquire()
+        waiter = HoldingTask(Lock(proxied, name))  # no timeout
+        await until(lambda: registered(client, name), what="the waiter's registration")
+        assert fault_proxy.blackhole_where(b"SUBSCRIBE") == 1
+        loop = asyncio.get_running_loop()
+        released_at = loop.time()
+        await holder.release()
+
+        lease = await waiter.wait_acquired(within=7.0)
+        assert lease is not None
+        waited = loop.time() - released_at
+        assert waited <= 6.5, f"the waiter took {waited:.2f} s after the release"
+        fault_proxy.heal()
+        await waiter.end()
+
+    async def test_close_ends_a_wait_stuck_on_a_silently_dead_pubsub(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (issue 5 #11): ``aclose()`` did not end an acquisition stuck waiting for
+        a subscribe confirmation on a silently dead pub/sub connection."""
+        holder = connect()
+        first, second = name + ":a", name + ":b"
+        blockers = [Lock(holder, first), Lock(holder, second)]
+        for blocker in blockers:
+            assert await blocker.acquire()
+        waiting = asyncio.create_task(acquiring(Lock(proxied, first)))
+        await until(lambda: registered(client, first), what="the first waiter's registration")
+        assert fault_proxy.blackhole_where(b"SUBSCRIBE") == 1
+        stuck = asyncio.create_task(acquiring(Lock(proxied, second)))  # no timeout
+        await asyncio.sleep(0.3)
+
+        await finish(asyncio.ensure_future(proxied.aclose()), 4.0, "aclose()")
+        await finish(stuck, 2.0, "the acquisition on the closed client")
+        await finish(waiting, 2.0, "the waiter on the closed client")
+        for task in (stuck, waiting):
+            with pytest.raises(LockError):
+                task.result()
+        assert introspect.background_tasks(proxied) == set()
+        for blocker in blockers:
+            await blocker.release()
+
+    async def test_extend_finding_the_lease_gone_does_not_spin(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #12): ``extend()`` that found the lease gone left it in the
+        keeper, which then looped without delay (about 10,000 round trips in 2 s)."""
+        lock = Lock(client, name, lease=1.2)
+        assert await lock.acquire()
+        await client.delete(name)
+        with pytest.raises(LockLostError):
+            await lock.extend()
+
+        before = introspect.renewal_round_trips(client)
+        await asyncio.sleep(1.5)
+        spent = introspect.renewal_round_trips(client) - before
+        assert spent <= 3, f"{spent} renewal round trips in 1.5 s for a lost lease"
+        assert introspect.keeper_size(client) == 0
+
+    @pytest.mark.parametrize("socket_timeout", [None, 5.0], ids=["no-socket-timeout", "5s"])
+    @pytest.mark.parametrize("held", [False, True], ids=["free", "held"])
+    async def test_acquire_timeout_is_bounded_in_a_partition(
+        self,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+        socket_timeout: float | None,
+        held: bool,
+    ) -> None:
+        """Regression (issue 5 #13): in a partition ``acquire(timeout=1)`` waited for redis-py's
+        socket timeout (5 s, or forever with ``socket_timeout=None``), not its own timeout."""
+        await load_scripts(client)
+        blocker = Lock(connect(), name)
+        if held:
+            assert await blocker.acquire()
+        conn = aioredis.Redis.from_url(fault_proxy.url, socket_timeout=socket_timeout)
+        try:
+            await conn.ping()
+            fault_proxy.blackhole()
+            result, elapsed = await outcome(
+                lambda: Lock(conn, name).acquire(timeout=1.0), 3.0, "acquire(timeout=1)"
+            )
+            assert result is False or isinstance(result, LockError), result
+            assert elapsed <= 1.6, f"acquire(timeout=1) took {elapsed:.2f} s"
+        finally:
+            fault_proxy.heal()
+            await conn.aclose()
+            if held:
+                await blocker.release()
+
+    async def test_hung_release_does_not_churn_connections(
+        self, proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
+    ) -> None:
+        """Regression (issue 5 #13): during a release hung in a partition the keeper spun on
+        the releasing hold, opening about 65 connections a second."""
+        lock = Lock(proxied, name, lease=1.0)
+        actor = Actor()
+        try:
+            assert await actor.run(lock.acquire)
+            fault_proxy.blackhole()
+            release = actor.submit(lock.release)
+            await asyncio.sleep(0.3)
+            before = fault_proxy.stats.connections_total
+            await asyncio.sleep(2.0)
+            opened = fault_proxy.stats.connections_total - before
+            assert opened <= 10, f"{opened} connections opened in 2 s during a hung release"
+        finally:
+            fault_proxy.heal()
+            await proxied.aclose()  # ends the release, hung on a silent connection
+            with contextlib.suppress(Exception):
+                await settled(release, 5.0, "the hung release")
+            await actor.stop()
+
+    async def test_waiter_rechecks_at_once_on_a_zero_ttl(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #14): a waiter whose attempt saw a PTTL of 0 (the holder's lease
+        ending within the millisecond) slept a whole lease although the lock was free 1 ms
+        later.
+
+        The holder's key is made to expire at a server millisecond E while a Lua loop keeps the
+        server busy until E: the waiter's re-check, queued behind it, runs at E and sees 0.
+        """
+        holder = Lock(connect(), name, lease=1.0, auto_renew=False)
+        assert await holder.acquire()
+        loop = asyncio.get_running_loop()
+        acquired_at = loop.time()
+        waiter = HoldingTask(Lock(connect(), name, lease=3.0), timeout=10.0)
+        await until(lambda: registered(client, name), what="the waiter's registration")
+        # The waiter re-checks when the holder's lease ends (about 1 s after it acquired):
+        # keep the server busy from 0.7 s to 1.3 s, with the lock expiring at the very end.
+        await asyncio.sleep(max(0.0, acquired_at + 0.7 - loop.time()))
+        expire_at = await server_ms(client) + 600
+        await client.eval(_BUSY_UNTIL_EXPIRY, 1, name, expire_at)
+        assert not waiter.acquired.done(), "the waiter did not wait for the busy server"
+
+        lease = await waiter.wait_acquired(within=0.5)
+        assert lease is not None
+        await waiter.end()
+        with contextlib.suppress(LockError):
+            await holder.release()
+
+    async def test_wrong_type_aux_key_fails_a_try_cleanly(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #15): with an auxiliary key of the wrong type a try on a free
+        lock took the lock (and a fencing token) *then* failed, leaving it held by nobody;
+        every auxiliary key must be checked before the first write and named in the error."""
+        failures = []
+        for index in range(len(introspect.aux_keys(name))):
+            lock_name = f"{name}:{index}"
+            aux = introspect.aux_keys(lock_name)
+            key = aux[index]
+            label = key_label(key, aux)
+            keys = [lock_name, *aux]
+            await client.rpush(key, "not a lock")
+            before = await snapshot(client, keys)
+            lock = Lock(client, lock_name)
+            try:
+                await lock.acquire(blocking=False)
+            except LockError as exc:
+                if label not in str(exc):
+                    failures.append(f"{label}: the error does not name the key: {exc}")
+                if await snapshot(client, keys) != before:
+                    failures.append(f"{label}: the failed try changed the lock's keys")
+            else:
+                failures.append(f"{label}: a try with this key of the wrong type succeeded")
+                try:
+                    await lock.release()
+                except LockError as exc:
+                    failures.append(f"{label}: ... and the lock it took cannot be released: {exc}")
+            await client.delete(*keys)
+        assert not failures, "\n".join(failures)
+
+    async def test_wrong_type_aux_key_fails_a_release_cleanly(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5 #15): with an auxiliary key of the wrong type (and a waiter
+        registered) a release deleted the lock, then failed without announcing it."""
+        failures = []
+        for index in range(len(introspect.aux_keys(name))):
+            lock_name = f"{name}:{index}"
+            aux = introspect.aux_keys(lock_name)
+            key = aux[index]
+            label = key_label(key, aux)
+            keys = [lock_name, *aux]
+            lock = Lock(client, lock_name)
+            assert await lock.acquire()
+            lease = await held_lease(lock)
+            waiter = HoldingTask(Lock(connect(), lock_name), timeout=10.0)
+            await until(lambda: registered(client, lock_name), what="a registered waiter")  # noqa: B023
+            await client.delete(key)
+            await client.rpush(key, "not a lock")
+            before = await snapshot(client, keys)
+            try:
+                await lock.release()
+            except LockError as exc:
+                if label not in str(exc):
+                    failures.append(f"{label}: the error does not name the key: {exc}")
+                if await snapshot(client, keys) != before:
+                    failures.append(f"{label}: the failed release changed the lock's keys")
+            else:
+                if await owner_of(client, lock_name) == introspect.lease_owner_id(lease):
+                    failures.append(f"{label}: the release returned but the lock is still held")
+            await waiter.cancel()
+            await client.delete(*keys)
+        assert not failures, "\n".join(failures)
+
+    async def test_hung_attempt_cleanup_runs(
+        self,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """Regression (issue 5 #16): the cleanup after an attempt that hung longer than the
+        lease raised InvalidStateError (``job.exception()`` right after ``job.cancel()``), so
+        it never ran."""
+        caplog.set_level(logging.INFO, logger="redis_locks_async")
+        await load_scripts(client)
+        conn = aioredis.Redis.from_url(fault_proxy.url, socket_timeout=1.0)
+        try:
+            await conn.ping()
+            fault_proxy.blackhole()
+            sent = fault_proxy.stats.bytes_dropped_up
+            attempt = asyncio.create_task(acquiring(Lock(conn, name, lease=0.5)))
+            await until(
+                lambda: fault_proxy.stats.bytes_dropped_up > sent, what="the attempt to be sent"
+            )
+            attempt.cancel()
+            await asyncio.wait((attempt,), timeout=5.0)
+            await asyncio.sleep(0.8)  # longer than the lease
+            fault_proxy.heal()
+            await introspect.drain(conn)
+            await until(lambda: introspect.pending_cleanups(conn) == 0, what="the cleanup")
+            assert await is_free(client, name)
+            assert await registered(client, name) == 0
+        finally:
+            fault_proxy.heal()
+            await conn.aclose()
+        invalid = [
+            record
+            for record in caplog.records
+            if "InvalidStateError" in record.getMessage()
+            or (
+                record.exc_info is not None
+                and isinstance(record.exc_info[1], asyncio.InvalidStateError)
+            )
+        ]
+        assert not invalid, f"logged: {[r.getMessage() for r in invalid]}"
+
+
+# Keep the server busy until millisecond ARGV[1], with KEYS[1] expiring at exactly that
+# millisecond: a command queued meanwhile runs at ARGV[1] and sees a PTTL of 0.
+_BUSY_UNTIL_EXPIRY = """
+local deadline = tonumber(ARGV[1])
+redis.call('PEXPIREAT', KEYS[1], deadline)
+while true do
+    local t = redis.call('TIME')
+    if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= deadline then
+        return 1
+    end
+end
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# Minor findings
+# --------------------------------------------------------------------------------------------
+
+
+class TestMinor:
+    @pytest.mark.parametrize("then", ["acquire", "extend"])
+    async def test_during_a_cancelled_release_in_flight(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+        then: str,
+    ) -> None:
+        """Regression (issue 5, minor): re-acquiring or extending while a cancelled release
+        was still in flight raised LockLostError with an empty reason (nothing was lost)."""
+        lock = Lock(proxied, name)
+        actor = Actor()
+        try:
+            assert await actor.run(lock.acquire)
+            fault_proxy.hold_replies()
+            scope = anyio.CancelScope()
+            release = actor.submit(lambda: in_scope(scope, lock.release))
+            await until(lambda: is_free(client, name), what="the release to run")
+            await fault_proxy.wait_held()
+            scope.cancel()
+            await settled(release, 5.0, "the cancelled release")
+
+            follow = actor.submit(lock.acquire if then == "acquire" else lock.extend)
+            for _ in range(20):
+                await asyncio.sleep(0)  # the follow-up starts while the release is in flight
+            fault_proxy.release_replies()
+            done, _ = await asyncio.wait((follow,), timeout=5.0)
+            assert done, f"{then} after a cancelled release hung"
+            error = follow.exception()
+            assert not isinstance(error, LockLostError), f"{then} raised {error!r}"
+            if then == "acquire":
+                assert error is None
+                assert follow.result() is True
+                lease = await actor.run(lambda: held_lease(lock))
+                assert await owner_of(client, name) == introspect.lease_owner_id(lease)
+                await actor.run(lock.release)
+            else:
+                assert isinstance(error, LockNotOwnedError), error
+            assert await is_free(client, name)
+        finally:
+            fault_proxy.heal()
+            await actor.stop()
+
+    def test_sync_client_is_refused_at_construction(self, server: ServerProcess) -> None:
+        """Regression (issue 5, minor): a synchronous ``redis.Redis`` was accepted and failed
+        deep inside the first acquire."""
+        sync_client = redis.Redis(host=server.host, port=server.port)
+        try:
+            with pytest.raises(TypeError):
+                Lock(sync_client, "sync-client")
+        finally:
+            sync_client.close()
+
+    async def test_renewal_runs_every_third_of_the_lease(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5, minor): renewal ran every lease/6 instead of the documented
+        lease/3."""
+        lease_s = 0.9
+        lock = Lock(client, name, lease=lease_s)
+        assert await lock.acquire()
+        before = introspect.renewal_round_trips(client)
+        await asyncio.sleep(3 * lease_s)
+        renewals = introspect.renewal_round_trips(client) - before
+        await lock.release()
+        # every lease/3: 9 in three leases (lease/4 would be 12, lease/6 18)
+        assert 6 <= renewals <= 10, f"{renewals} renewals in three leases"
+
+    async def test_async_on_lost_is_awaited(self, client: aioredis.Redis, name: str) -> None:
+        """Regression (issue 5, minor): an ``async def on_lost`` was called but never awaited."""
+        called = asyncio.Event()
+
+        async def on_lost(lease: Lease) -> None:
+            await asyncio.sleep(0)
+            called.set()
+
+        lock = Lock(client, name, lease=0.6, on_lost=on_lost)
+        assert await lock.acquire()
+        await client.delete(name)
+        await settled(asyncio.ensure_future(called.wait()), 3.0, "the async on_lost callback")
+        with pytest.raises(LockLostError):
+            await lock.release()
+
+
+# --------------------------------------------------------------------------------------------
+# Dead waiters (a waiting process killed in a rolling deploy)
+# --------------------------------------------------------------------------------------------
+
+
+async def worker_process(url: str, name: str, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests._lockworker", "--url", url, "--name", name, *args,
+        stdout=asyncio.subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+
+
+class TestDeadWaiters:
+    @pytest.mark.slow
+    async def test_waiter_process_killed_while_registered(
+        self, redis_url: str, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5, dead waiters): a waiter process killed while registered was
+        handed the lock on release and kept it for its whole lease, stalling live waiters."""
+        holder = Lock(connect(), name)  # a 30 s lease
+        assert await holder.acquire()
+        dead = await worker_process(redis_url, name, "wait")
+        try:
+            assert dead.stdout is not None
+            line = await asyncio.wait_for(dead.stdout.readline(), 10.0)
+            assert line.strip() == b"waiting", line
+            await until(
+                lambda: _equal(registered(client, name), 1),
+                what="the worker's registration",
+                within=10.0,
+            )
+            live = HoldingTask(Lock(connect(), name), timeout=15.0)
+            await until(
+                lambda: _equal(registered(client, name), 2), what="the live waiter's registration"
+            )
+            dead.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(dead.wait(), 5.0)
+
+            loop = asyncio.get_running_loop()
+            released_at = loop.time()
+            await holder.release()
+            lease = await live.wait_acquired(within=5.0)
+            assert lease is not None
+            waited = loop.time() - released_at
+            assert await owner_of(client, name) == introspect.lease_owner_id(lease)
+            await live.end()
+            assert waited <= 5.0
+        finally:
+            if dead.returncode is None:
+                dead.kill()
+                await dead.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# Fencing across restarts and evictions
+# --------------------------------------------------------------------------------------------
+
+
+class TestFencingAcrossRestart:
+    async def test_token_rises_across_a_restart_without_persistence(
+        self, server: ServerProcess, connect: Connect, name: str
+    ) -> None:
+        """Regression (issue 5, fencing): after a server restart without persistence tokens
+        started again from 1, below tokens already handed out."""
+        before_client = connect(server.url)
+        async with Lock(before_client, name) as lease:
+            before = lease.fencing_token
+        await before_client.aclose()
+        server.restart()
+        after_client = connect(server.url)
+        async with Lock(after_client, name) as lease:
+            after = lease.fencing_token
+        assert after > before
+
+    async def test_token_rises_after_the_aux_keys_are_evicted(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (issue 5, fencing): evicting the lock's fence record (an auxiliary key)
+        sent tokens back to 1."""
+        lock = Lock(client, name)
+        async with lock as lease:
+            before = lease.fencing_token
+        await client.delete(*introspect.aux_keys(name))
+        async with lock as lease:
+            after = lease.fencing_token
+        assert after > before
+
+
+async def _equal(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected

@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from . import b1_uncontended, b2_handoff, b4_idle
+from . import b1_uncontended, b2_handoff, b3_commands, b4_idle, b5_renewal, b8_throughput
 from ._console import Console, Log
 from ._peers import all_statuses
 from ._report import write
@@ -37,7 +37,10 @@ Runner = Callable[..., dict[str, Any]]
 SCENARIOS: dict[str, Runner] = {
     "B1": b1_uncontended.run,
     "B2": b2_handoff.run,
+    "B3": b3_commands.run,
     "B4": b4_idle.run,
+    "B5": b5_renewal.run,
+    "B8": b8_throughput.run,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -174,7 +177,8 @@ def _run_all(
         if isinstance(target, dict):
             verdict = "met" if target.get("met") else "NOT met"
             log(
-                f"{key} target: {target.get('text')} — {verdict} ({target.get('value')})",
+                f"{key} target: {target.get('text')} — {verdict} "
+                f"({target.get('value_text', target.get('value'))})",
                 style="green" if target.get("met") else "yellow",
             )
     return failures
@@ -225,8 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.close()
     results["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
-    json_path, md_path = write(results, args.out)
-    log(f"wrote {json_path} and {md_path} in {results['meta']['elapsed_s']:.0f} s")
+    json_path, md_path, png_path = write(results, args.out)
+    chart = f", {png_path}" if png_path else " (no chart)"
+    log(f"wrote {json_path}, {md_path}{chart} in {results['meta']['elapsed_s']:.0f} s")
     if failures:
         for failure in failures:
             log(f"FAILED {failure}", style="bold red")

@@ -10,7 +10,9 @@ never re-takes a lock it just released before the waiter got it (a non-fair lock
 barge in). That note travels after the measurement, never on the critical path; the timestamps
 go to the parent after the run. ``time.monotonic_ns`` is CLOCK_MONOTONIC on Linux, one clock
 for every process of the machine (the parent checks this before trusting cross-process
-differences).
+differences). For the floor, the pub/sub hop and our ``Lock`` the client's connections also
+record when each request's write began and when each reply or message was read
+(``_metering``), so the parent can split a handoff into its hops.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class B5Config:
 
 
 FULL = B5Config(locks=10_000, lease_s=3.0, leases=3, acquire_limit_s=120.0)
-QUICK = B5Config(locks=2_000, lease_s=1.5, leases=3, acquire_limit_s=30.0)
+QUICK = B5Config(locks=1_000, lease_s=1.5, leases=3, acquire_limit_s=30.0)
 
 
 class _Ticker:

@@ -1,9 +1,11 @@
-"""``python -m benchmarks``: run the SPEC §5 scenarios and write ``results.json`` + ``results.md``.
+"""``python -m benchmarks``: run the SPEC §5 scenarios and write ``results.json``,
+``results.md`` and (with matplotlib) ``results.png``.
 
 Exit status: 0 when every scenario ran (targets missed on a noisy machine are reported, not
 failures); 1 when something really failed — the server did not start, a scenario crashed, or
 redis-locks-async itself misbehaved (an error, a waiter that acquired before the release began,
-fencing tokens that did not increase, waiters lost while idle); 130 on Ctrl-C.
+overlapping holds, fencing tokens that did not increase, waiters lost while idle, a renewed
+lock that did not survive or could not be released); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="redis-locks-async against its peers (SPEC §5): B1 uncontended cycle vs "
-        "PING, B2 cross-process handoff vs the one-hop floor, B4 idle cost.",
+        "two bare EVALSHA, B2 cross-process handoff vs the one-hop floor, B3 commands per "
+        "handoff, B4 idle cost, B5 10,000 renewed locks, B8 throughput.",
     )
     parser.add_argument(
         "--quick",
@@ -66,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--url",
         help="use this running server instead of starting one "
-        "(its other traffic will pollute B4's counts)",
+        "(its other traffic will pollute the server-side command counts)",
     )
     parser.add_argument(
         "--out",

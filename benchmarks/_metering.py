@@ -71,6 +71,7 @@ class Meter:
     round_trips: int = 0
     trace: list[tuple[int, str]] | None = None
     trace_reads: bool = True
+    sizes: list[int] | None = None  # commands per request written, while set
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def reading(self) -> Reading:
@@ -84,6 +85,8 @@ class Meter:
         with self.guard:
             self.round_trips += 1
             self.commands.update(names)
+        if self.sizes is not None:
+            self.sizes.append(len(names))
         if self.trace is not None:
             self.trace.append((began, "send:" + (names[0] if names else "?")))
 

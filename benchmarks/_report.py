@@ -35,7 +35,8 @@ def _verdict(target: Mapping[str, Any]) -> str:
 
 
 def _commands(by_type: Mapping[str, float], limit: int = 4) -> str:
-    top = sorted(by_type.items(), key=lambda item: -item[1])[:limit]
+    top = sorted(((k, v) for k, v in by_type.items() if v >= 0.0005), key=lambda kv: -kv[1])
+    top = top[:limit]
     return ", ".join(f"{cmd} {calls:g}" for cmd, calls in top)
 
 
@@ -380,9 +381,9 @@ def _b5(result: Mapping[str, Any]) -> list[str]:
             f"server evalsha {row['renewals_server']:,})",
         ],
         [
-            "renewal bursts per tick",
-            f"{row['write_bursts_per_tick']:g} (requests per burst: "
-            f"{', '.join(str(n) for n in row['requests_per_burst'])})",
+            "renewals per round trip (pipeline size)",
+            f"mean {row['pipeline_size_mean']}, min {row['pipeline_size_min']}, "
+            f"max {row['pipeline_size_max']} (the library's batch limit is 1,000)",
         ],
         ["event-loop lag while holding", _lag(row["lag_window"])],
         ["event-loop lag while acquiring", _lag(row["lag_acquiring"])],
@@ -398,9 +399,8 @@ def _b5(result: Mapping[str, Any]) -> list[str]:
     lines += _table(["", "redis-locks-async Lock"], table)
     lines += [
         "",
-        "Round trips are requests the client wrote (a pipeline is one), counted in the client; "
-        "a burst is a run of writes with no gap longer than a quarter tick. Lag: overshoot of "
-        f"a {config['lag_tick_ms']:g} ms `asyncio.sleep` in a ticker task.",
+        "Round trips are requests the client wrote (a pipeline is one), counted in the client. "
+        f"Lag: overshoot of a {config['lag_tick_ms']:g} ms `asyncio.sleep` in a ticker task.",
     ]
     return lines
 
@@ -500,8 +500,9 @@ def markdown(results: Mapping[str, Any], chart: str = "", no_chart: str = "") ->
     lines += _table(["", ""], [[k, v] for k, v in header])
     lines += [
         "",
-        "Compare ratios, not absolute times: every ratio's reference (PING round trip, "
-        "one-hop floor) is measured in the same run on the same server. See "
+        "Compare ratios, not absolute times: every ratio's reference (two bare EVALSHA, PING, "
+        "the one-hop floor, redis-py's Lock) is measured in the same run on the same server. "
+        "The machine is shared (2 cores, other jobs running): single figures are noisy. See "
         "`benchmarks/README.md`.",
         "",
         f"![handoff latency and commands per handoff]({chart})" if chart else f"No chart: "

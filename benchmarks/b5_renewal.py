@@ -12,8 +12,8 @@ but renewal talks to the server. Measured over the window:
 - **renewal round trips**: requests written by the client (a pipeline is one), counted in the
   client, per renewal tick (lease/3) per 1,000 locks; the renewal calls themselves (EVALSHA,
   client-side) are cross-checked against ``INFO commandstats`` on the server (whose other
-  commands are the ones the renewal script runs inside the server). The client's write times
-  show how many times per tick the renewer woke up and how big its pipelines were;
+  commands are the ones the renewal script runs inside the server), and the sizes of the
+  pipelines that carried them are recorded;
 - **event-loop lag**: a ticker task sleeps 5 ms again and again; its overshoot is the lag
   (p50 / p99 / max), over the window and, separately, during the acquisition burst.
 """
@@ -84,20 +84,6 @@ class _Ticker:
         }
 
 
-def _bursts(trace: list[tuple[int, str]], gap_ns: int) -> list[int]:
-    """Sizes (in requests) of the groups of writes separated by more than ``gap_ns``."""
-    sizes: list[int] = []
-    last: int | None = None
-    for at, event in trace:
-        if not event.startswith("send:"):
-            continue
-        if last is None or at - last > gap_ns:
-            sizes.append(0)
-        sizes[-1] += 1
-        last = at
-    return sizes
-
-
 async def _verify(client: Any, names: list[str], tokens: list[int]) -> tuple[int, int]:
     """(alive, wrong): locks whose hash still holds the lease's token with a TTL left, and
     locks that do not."""
@@ -121,7 +107,7 @@ async def _verify(client: Any, names: list[str], tokens: list[int]) -> tuple[int
 async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, Any]:
     from redis_locks_async import Lease, Lock
 
-    meter = Meter(trace_reads=False)
+    meter = Meter()
     client = metered_client(url, meter, max_connections=POOL)
     names = [f"{prefix}b5:{index}" for index in range(config.locks)]
     leases: list[Lease | None] = [None] * config.locks
@@ -164,11 +150,11 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
         window_s = config.leases * config.lease_s
         before_stats: dict[str, Any] = await client.info("commandstats")
         before = meter.reading()
-        meter.trace = []
+        meter.sizes = []
         window_began = time.perf_counter()
         await asyncio.sleep(window_s)
         window_ended = time.perf_counter()
-        trace, meter.trace = meter.trace, None
+        sizes, meter.sizes = meter.sizes, None
         after = meter.reading()
         after_stats: dict[str, Any] = await client.info("commandstats")
         lost = sum(1 for lease in leases if lease is None or lease.lost)
@@ -180,7 +166,7 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
             window_ended - window_began,
             after - before,
             command_delta(before_stats, after_stats),
-            trace,
+            sizes,
             lost,
             alive,
             wrong,
@@ -213,7 +199,7 @@ def _summarize(
     window_s: float,
     client: Reading,
     server: dict[str, int],
-    trace: list[tuple[int, str]],
+    sizes: list[int],
     lost: int,
     alive: int,
     wrong: int,
@@ -223,7 +209,6 @@ def _summarize(
     tick_s = config.lease_s / 3
     ticks = window_s / tick_s
     per_thousand = config.locks / 1000
-    bursts = _bursts(trace, int(tick_s / 4 * 1e9))
     round_trips_per_tick = client.round_trips / ticks
     return {
         "locks": config.locks,
@@ -245,9 +230,9 @@ def _summarize(
         ),
         "round_trips_per_tick": round(round_trips_per_tick, 2),
         "round_trips_per_tick_per_1000": round(round_trips_per_tick / per_thousand, 3),
-        "write_bursts": len(bursts),
-        "write_bursts_per_tick": round(len(bursts) / ticks, 2),
-        "requests_per_burst": bursts[:12],
+        "pipeline_size_mean": round(statistics.fmean(sizes), 1) if sizes else None,
+        "pipeline_size_max": max(sizes, default=None),
+        "pipeline_size_min": min(sizes, default=None),
         "lag_window": lag,
         "lag_acquiring": burst_lag,
     }
@@ -272,7 +257,7 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
     log(
         f"B5: {row.get('alive_on_server')}/{config.locks} alive after {config.leases} leases; "
         f"{row.get('round_trips_per_tick')} round trips per tick = {per_thousand} per 1,000 "
-        f"locks ({row.get('write_bursts_per_tick')} renewal bursts per tick); loop lag "
+        f"locks (pipelines of {row.get('pipeline_size_mean')} renewals on average); loop lag "
         f"p99 {lag_p99} ms (acquiring: {row.get('lag_acquiring', {}).get('p99_ms')} ms)"
     )
     met = (

@@ -188,6 +188,7 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
         ours, theirs = by[(mode, "redis-locks-async")], by[(mode, "redis-py/sleep=0.001")]
         value = ratio(ours.get("per_s", 0.0), theirs.get("per_s", 0.0))
         ours["ratio_vs_redis_py"] = value
+        theirs["ratio_vs_redis_py"] = 1.0 if "per_s" in theirs else None
         values.append(value)
         fewer = ours.get("client_commands_per_acquisition", 99.0) < theirs.get(
             "client_commands_per_acquisition", 0.0

@@ -376,6 +376,11 @@ def _b5(result: Mapping[str, Any]) -> list[str]:
         ],
         ["… per 1,000 locks", f"**{row['round_trips_per_tick_per_1000']:g}**"],
         [
+            "round trips per 1,000 renewals",
+            f"{row['round_trips_per_1000_renewals']:g} (the batching alone, whatever the "
+            "renewal period)",
+        ],
+        [
             "renewals per lock per tick",
             f"{row['renewals_per_lock_per_tick']:g} (client EVALSHA {row['renewals_client']:,}; "
             f"server evalsha {row['renewals_server']:,})",

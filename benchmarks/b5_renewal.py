@@ -230,6 +230,10 @@ def _summarize(
         ),
         "round_trips_per_tick": round(round_trips_per_tick, 2),
         "round_trips_per_tick_per_1000": round(round_trips_per_tick / per_thousand, 3),
+        # batching alone, whatever the renewal period: round trips per 1,000 renewals
+        "round_trips_per_1000_renewals": round(
+            client.round_trips / max(1, client.commands.get("EVALSHA", 0)) * 1000, 3
+        ),
         "pipeline_size_mean": round(statistics.fmean(sizes), 1) if sizes else None,
         "pipeline_size_max": max(sizes, default=None),
         "pipeline_size_min": min(sizes, default=None),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -226,6 +227,7 @@ def _play_threads(spec: B3Spec, conn: Connection) -> None:
     threads: list[threading.Thread] = []
     try:
         gate = None
+        gate_t1 = 0
         if spec.gate:
             gate = redis_lock.Lock(client, spec.name, expire=int(LEASE_S))
             if not gate.acquire(blocking=False):
@@ -262,8 +264,6 @@ def _play_threads(spec: B3Spec, conn: Connection) -> None:
             with contextlib.suppress(OSError):
                 conn.send(("error", "waiter threads left behind"))
             conn.close()
-            import os
-
             os._exit(1)
         client.close()
     conn.send(("closed",))

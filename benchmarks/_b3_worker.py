@@ -1,17 +1,20 @@
-"""B3 worker process: many waiters on one lock, each taking it once.
+"""B3 worker process: many waiters on one lock, each taking it again and again.
 
 Four of these run at once (``spawn``), each serving one run after another. In a run, worker 0
 first takes the lock itself (the *gate*), so that every waiter of every worker is really waiting
 before the first handoff; then each worker starts its waiters (asyncio tasks, or threads for the
-sync peer), reports them started, reports its client's command counts (the parent's "before"),
-and — when the parent opens the gate — lets them go: each waiter acquires, records the clock and
-its fencing token, releases at once (reading the clock as the last thing before the release),
-and ends. When all of its waiters are done the worker reports every hold and its counts again.
+sync peer). When the parent opens the gate the waiters cycle: acquire, record the clock and the
+fencing token, release at once (reading the clock as the last thing before the release), pause
+``think_s``, queue again. The pause makes a release go to a waiter that was already waiting,
+never straight back to its releaser (a polling lock's releaser would otherwise win its own lock
+back nearly every time). While they cycle, the parent asks for the client's counts at the two
+ends of its measuring window; then it stops the run: asyncio waiters are cancelled wherever they
+are, threads leave after their next release. The worker reports every hold.
 
-Protocol, parent → worker: a :class:`B3Spec`, then ``"start"``, ``"snapshot"``, ``"open"`` (the
-gate's worker only), ``"close"``; worker → parent: ``("prepared",)``,
-``("started", n, errors, Reading)`` (the counts before the waiters started), ``("reading",
-Reading)``, ``("done", Done)``, ``("closed",)`` — or ``("error", text)``.
+Protocol, parent → worker: a :class:`B3Spec`, then ``"start"``, ``"open"`` (the gate's worker
+only), ``"snapshot"`` (any number of times), ``"stop"``, ``"close"``; worker → parent:
+``("prepared",)``, ``("started", n, errors)``, ``("reading", Reading)``, ``("done", Done)``,
+``("closed",)`` — or ``("error", text)``.
 """
 
 from __future__ import annotations
@@ -24,18 +27,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 import redis
 import redis.asyncio as aioredis
 
 from ._common import describe, recv
-from ._metering import Meter, Reading, metered_client, metered_sync_connection
+from ._metering import Meter, metered_client, metered_sync_connection
+
+if TYPE_CHECKING:
+    from redis_locks_async import Lease
 
 START = "start"
-SNAPSHOT = "snapshot"
 OPEN = "open"
+SNAPSHOT = "snapshot"
+STOP = "stop"
 CLOSE = "close"
 LEASE_S = 60.0
+GATE = -1  # the waiter number of the gate's hold
+DRAIN_S = 2.0  # at the end, how long asyncio waiters may take to leave before being cancelled
+
+# One hold: (t1 acquired, t0 release started, fencing token or None, waiter number).
+Hold = tuple[int, int, int | None, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +62,16 @@ class B3Spec:
     gate: bool
     client_name: str
     timeout_s: float
+    think_s: float
 
 
 @dataclass(slots=True)
 class Done:
-    """What one worker saw: ``holds`` as ``(t1 acquired, t0 release started, token)``; the
-    gate's hold is among them (worker 0)."""
+    """What one worker saw: every hold (the gate's among them, worker 0) and the errors."""
 
-    holds: list[tuple[int, int, int | None]] = field(default_factory=list)
-    reading: Reading = field(default_factory=lambda: Reading({}, 0))
+    holds: list[Hold] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    lost: int = 0  # our ``on_lost`` callbacks (60 s leases released at once: should be none)
 
 
 class ProtocolError(RuntimeError):
@@ -72,59 +85,124 @@ def _expect(message: object, wanted: str) -> None:
 
 # -- asyncio peers ---------------------------------------------------------------------------
 
-class _Once:
-    """Take the lock once (calling ``started()`` right before it may wait) and release it — at
-    once, or (the gate) when ``gate`` is set; ``held`` is set once the gate holds the lock."""
+
+class _Cycles:
+    """One asyncio waiter: take the lock, note the hold, release, pause, again — until
+    ``stopping`` is set (checked after every release) or the task is cancelled.
+    ``started()`` is called right before the first acquire may wait."""
 
     def __init__(
         self,
         spec: B3Spec,
         client: aioredis.Redis,
+        number: int,
+        done: Done,
         started: Callable[[], None],
-        gate: asyncio.Event | None = None,
+        stopping: asyncio.Event,
     ) -> None:
         self._spec = spec
         self._client = client
+        self._number = number
+        self._done = done
         self._started = started
-        self._gate = gate
-        self.held = asyncio.Event()
+        self._stopping = stopping
 
-    async def _hold(self) -> None:
-        if self._gate is not None:
-            self.held.set()
-            await self._gate.wait()
+    async def __call__(self) -> None:
+        if self._spec.peer == "redis-locks-async":
+            await self._ours()
+        elif self._spec.peer.startswith("redis-py/"):
+            await self._redis_py(float(self._spec.peer.removeprefix("redis-py/sleep=")))
+        else:
+            raise ValueError(f"unknown asyncio peer {self._spec.peer!r}")
 
-    async def __call__(self) -> tuple[int, int, int | None]:
-        spec, clock = self._spec, time.monotonic_ns
-        if spec.peer == "redis-locks-async":
-            from redis_locks_async import Lock
+    async def _ours(self) -> None:
+        from redis_locks_async import Lock
 
-            lock = Lock(self._client, spec.name, lease=LEASE_S, timeout=spec.timeout_s)
-            self._started()
+        clock, holds = time.monotonic_ns, self._done.holds
+        lock = Lock(
+            self._client,
+            self._spec.name,
+            lease=LEASE_S,
+            timeout=self._spec.timeout_s,
+            on_lost=self._lost,
+        )
+        self._started()
+        while not self._stopping.is_set():
             async with lock as lease:
                 t1 = clock()
-                await self._hold()
                 t0 = clock()
-            return t1, t0, lease.fencing_token
-        if spec.peer == "redis-py/sleep=0.001":
-            from redis.asyncio.lock import Lock as RedisPyLock
+                holds.append((t1, t0, lease.fencing_token, self._number))
+            await asyncio.sleep(self._spec.think_s)
 
-            rlock = RedisPyLock(
-                self._client,
-                spec.name,
-                timeout=LEASE_S,
-                sleep=0.001,
-                blocking_timeout=spec.timeout_s,
-            )
-            self._started()
-            if not await rlock.acquire():
+    def _lost(self, lease: Lease) -> None:
+        self._done.lost += 1
+
+    async def _redis_py(self, sleep: float) -> None:
+        from redis.asyncio.lock import Lock as RedisPyLock
+
+        clock, holds = time.monotonic_ns, self._done.holds
+        lock = RedisPyLock(
+            self._client,
+            self._spec.name,
+            timeout=LEASE_S,
+            sleep=sleep,
+            blocking_timeout=self._spec.timeout_s,
+        )
+        self._started()
+        # The flag, not only cancellation: redis-py's acquire/release sometimes swallows a
+        # CancelledError (seen with redis-py 8.1), and the waiter would then cycle on.
+        while not self._stopping.is_set():
+            if not await lock.acquire():
                 raise TimeoutError("redis-py Lock.acquire timed out")
             t1 = clock()
-            await self._hold()
             t0 = clock()
+            holds.append((t1, t0, None, self._number))
+            await lock.release()
+            await asyncio.sleep(self._spec.think_s)
+
+
+async def _gate(
+    spec: B3Spec, client: aioredis.Redis, done: Done, opened: asyncio.Event
+) -> asyncio.Task[None]:
+    """Take the lock before any waiter starts: return, once it is held, the task that holds it
+    and releases it when ``opened`` is set (its hold is recorded as :data:`GATE`)."""
+    held = asyncio.Event()
+    if spec.peer == "redis-locks-async":
+        from redis_locks_async import Lock
+
+        lock = Lock(client, spec.name, lease=LEASE_S)
+
+        async def hold() -> None:
+            async with lock as lease:
+                t1 = time.monotonic_ns()
+                held.set()
+                await opened.wait()
+                done.holds.append((t1, time.monotonic_ns(), lease.fencing_token, GATE))
+
+    else:
+        from redis.asyncio.lock import Lock as RedisPyLock
+
+        rlock = RedisPyLock(client, spec.name, timeout=LEASE_S)
+
+        async def hold() -> None:
+            if not await rlock.acquire(blocking=False):
+                raise RuntimeError("the gate could not take the lock")
+            t1 = time.monotonic_ns()
+            held.set()
+            await opened.wait()
+            done.holds.append((t1, time.monotonic_ns(), None, GATE))
             await rlock.release()
-            return t1, t0, None
-        raise ValueError(f"unknown asyncio peer {spec.peer!r}")
+
+    task = asyncio.create_task(hold())
+    holding = asyncio.create_task(held.wait())
+    await asyncio.wait((task, holding), timeout=30.0, return_when=asyncio.FIRST_COMPLETED)
+    holding.cancel()
+    if task.done():
+        task.result()  # the gate failed: raise why
+    if not held.is_set():
+        task.cancel()
+        raise RuntimeError("the gate did not get the lock within 30 s")
+    return task
 
 
 async def _play_async(spec: B3Spec, conn: Connection) -> None:
@@ -141,39 +219,54 @@ async def _play_async(spec: B3Spec, conn: Connection) -> None:
         if started == spec.waiters:
             all_started.set()
 
-    async def waiter(hold: _Once) -> None:
+    async def waiter(cycles: _Cycles) -> None:
         try:
-            done.holds.append(await hold())
+            await cycles()
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:
             done.errors.append(describe(exc))
             all_started.set()
 
+    opened = asyncio.Event()
+    stopping = asyncio.Event()
     try:
-        opened = asyncio.Event()
         if spec.gate:
-            gate = _Once(spec, client, lambda: None, opened)
-            tasks.append(asyncio.create_task(waiter(gate)))
-            await asyncio.wait_for(gate.held.wait(), 30)
+            gate = await _gate(spec, client, done, opened)
+            tasks.append(gate)
         conn.send(("prepared",))
         _expect(await recv(conn), START)
-        hold = _Once(spec, client, count_start)
-        joining = meter.reading()
-        tasks += [asyncio.create_task(waiter(hold)) for _ in range(spec.waiters)]
+        tasks += [
+            asyncio.create_task(waiter(_Cycles(spec, client, number, done, count_start, stopping)))
+            for number in range(spec.waiters)
+        ]
         await asyncio.wait_for(all_started.wait(), 60)
         await asyncio.sleep(0)  # let the last one reach its first await
-        conn.send(("started", started, len(done.errors), joining))
-        _expect(await recv(conn), SNAPSHOT)
-        conn.send(("reading", meter.reading()))
+        conn.send(("started", started, len(done.errors)))
         if spec.gate:
             _expect(await recv(conn), OPEN)
             opened.set()
-        _, pending = await asyncio.wait(tasks, timeout=spec.timeout_s + 30)
-        if pending:
-            done.errors.append(f"{len(pending)} waiters still waiting at the end")
-        done.reading = meter.reading()
+        while (message := await recv(conn)) == SNAPSHOT:
+            conn.send(("reading", meter.reading()))
+        _expect(message, STOP)
+        if spec.gate:
+            if not gate.done():
+                done.errors.append("the gate still held the lock at the end")
+            elif not gate.cancelled() and (error := gate.exception()) is not None:
+                done.errors.append(f"the gate: {describe(error)}")
+        # Let the waiters leave after their next release (ours drain in well under a second);
+        # then cancel the ones still waiting (pollers can take much longer to drain).
+        stopping.set()
+        _, waiting = await asyncio.wait(tasks, timeout=DRAIN_S)
+        for task in waiting:
+            task.cancel()
+        _, stuck = await asyncio.wait(waiting, timeout=30) if waiting else (set(), set())
+        if stuck:
+            done.errors.append(f"{len(stuck)} waiters did not end when cancelled")
         conn.send(("done", done))
         _expect(await recv(conn), CLOSE)
     finally:
+        opened.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -202,23 +295,26 @@ def _play_threads(spec: B3Spec, conn: Connection) -> None:
     guard = threading.Lock()
     counts = {"started": 0}
     all_started = threading.Event()
+    stopping = threading.Event()
     # python-redis-lock refuses a wait longer than its lease when it does not renew.
     wait = min(spec.timeout_s, LEASE_S - 5)
 
-    def one() -> None:
+    def cycles(number: int) -> None:
         try:
             lock = redis_lock.Lock(client, spec.name, expire=int(LEASE_S))
             with guard:
                 counts["started"] += 1
                 if counts["started"] == spec.waiters:
                     all_started.set()
-            if not lock.acquire(timeout=wait):
-                raise TimeoutError("python-redis-lock acquire timed out")
-            t1 = time.monotonic_ns()
-            t0 = time.monotonic_ns()
-            lock.release()
-            with guard:
-                done.holds.append((t1, t0, None))
+            while not stopping.is_set():
+                if not lock.acquire(timeout=wait):
+                    raise TimeoutError("python-redis-lock acquire timed out")
+                t1 = time.monotonic_ns()
+                t0 = time.monotonic_ns()
+                lock.release()
+                with guard:
+                    done.holds.append((t1, t0, None, number))
+                time.sleep(spec.think_s)
         except Exception as exc:
             with guard:
                 done.errors.append(describe(exc))
@@ -235,30 +331,38 @@ def _play_threads(spec: B3Spec, conn: Connection) -> None:
             gate_t1 = time.monotonic_ns()
         conn.send(("prepared",))
         _expect(conn.recv(), START)
-        threads = [threading.Thread(target=one, daemon=True) for _ in range(spec.waiters)]
-        joining = meter.reading()
+        threads = [
+            threading.Thread(target=cycles, args=(number,), daemon=True)
+            for number in range(spec.waiters)
+        ]
         for thread in threads:
             thread.start()
         all_started.wait(60)
         time.sleep(0.05)  # let the last ones reach their BLPOP
-        conn.send(("started", counts["started"], len(done.errors), joining))
-        _expect(conn.recv(), SNAPSHOT)
-        conn.send(("reading", meter.reading()))
+        conn.send(("started", counts["started"], len(done.errors)))
         if gate is not None:
             _expect(conn.recv(), OPEN)
             gate_t0 = time.monotonic_ns()
             gate.release()
-            done.holds.append((gate_t1, gate_t0, None))
+            with guard:
+                done.holds.append((gate_t1, gate_t0, None, GATE))
+        while (message := conn.recv()) == SNAPSHOT:
+            conn.send(("reading", meter.reading()))
+        _expect(message, STOP)
+        # A thread blocked in BLPOP cannot be interrupted: each leaves after its next release
+        # (the others keep releasing until the last one is through).
+        stopping.set()
         deadline = time.monotonic() + spec.timeout_s + 30
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         alive = sum(1 for thread in threads if thread.is_alive())
         if alive:
             done.errors.append(f"{alive} waiters still waiting at the end")
-        done.reading = meter.reading()
-        conn.send(("done", done))
+        with guard:
+            conn.send(("done", done))
         _expect(conn.recv(), CLOSE)
     finally:
+        stopping.set()
         if any(thread.is_alive() for thread in threads):
             # Threads blocked in BLPOP cannot be interrupted: leave with the process.
             with contextlib.suppress(OSError):

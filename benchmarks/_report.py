@@ -275,33 +275,41 @@ def _b4(result: Mapping[str, Any]) -> list[str]:
 
 def _b3(result: Mapping[str, Any]) -> list[str]:
     target = result["target"]
+    config = result["config"]
     intro = (
-        f"Waiters spread over {result['config']['processes']} processes wait on one lock held "
-        "by a gate; once all wait the gate opens and each waiter takes the lock once and "
-        "releases it at once (N waiters = N handoffs). Client commands and round trips are "
-        "counted in the clients (`benchmarks/_metering.py`) from the gate's opening to the "
-        "last release; server commands are `INFO commandstats` over the same window and "
-        "include the commands Lua scripts run inside the server. "
+        f"Waiters spread over {config['processes']} processes wait on one lock held by a gate; "
+        "once all wait the gate opens and every waiter cycles: acquire, release at once, pause "
+        f"{config['think_ms']:g} ms, queue again. After {config['warmup_s']:g} s a steady "
+        f"window of {config['window_s']:g} s is measured: client commands and round trips are "
+        "counted in the clients (`benchmarks/_metering.py`), server script calls and commands "
+        "are `INFO commandstats` (the total includes the commands Lua scripts run inside the "
+        "server); each is divided by the handoffs in the window (acquisitions by another "
+        "waiter than the previous holder). "
         f"Target: {target['text']} — {_verdict(target)} ({target.get('value_text')})."
     )
     rows = []
     for row in result["rows"]:
         waiters = f"{row['waiters']:,} / {row['processes']}"
         if "client_commands_per_handoff" not in row:
-            rows.append(_error_row(row, waiters, "—", "—", "—", "—"))
+            rows.append(_error_row(row, waiters, "—", "—", "—", "—", "—", "—"))
             continue
         parts = [
             row.get("note", ""),
             "client: " + _commands(row["client_by_type_per_handoff"], 5),
             "server: " + _commands(row["server_by_type_per_handoff"], 5),
-            f"{row['handoffs']:,} handoffs in {row['elapsed_s']:g} s",
-            f"counting from the waiters' start: "
-            f"{row['client_commands_per_acquisition_with_joining']:g} client commands per "
-            "acquisition",
+            f"{row['handoffs']:,} handoffs in {row['window_s']:g} s "
+            f"(≈ {row['pausing_mean']:g} waiters pausing at a time)",
         ]
+        if row.get("leases_lost"):
+            parts.append(
+                f"on_lost ran {row['leases_lost']} times, for 60 s leases released at once "
+                "without error (a library race, see the README)!"
+            )
+        if row.get("repeats"):
+            parts.append(f"{row['repeats']} re-acquisitions by the releaser not counted")
         if "tokens_increase" in row:
             parts.append(
-                "fencing tokens increased in acquisition order"
+                f"fencing tokens increased in acquisition order ({row['holds']:,} holds)"
                 if row["tokens_increase"]
                 else "fencing tokens NOT increasing!"
             )
@@ -320,7 +328,9 @@ def _b3(result: Mapping[str, Any]) -> list[str]:
                 waiters,
                 f"{row['client_commands_per_handoff']:g}",
                 f"{row['client_round_trips_per_handoff']:g}",
+                f"{row['server_script_calls_per_handoff']:g}",
                 f"{row['server_commands_per_handoff']:g}",
+                f"{row['handoffs_per_s']:,.0f}",
                 gap,
                 "; ".join(p for p in parts if p),
             ]
@@ -333,14 +343,17 @@ def _b3(result: Mapping[str, Any]) -> list[str]:
             "waiters / processes",
             "client commands per handoff",
             "client round trips per handoff",
+            "server script calls per handoff",
             "server commands per handoff (incl. Lua-internal)",
+            "handoffs/s",
             "release → next acquire (median / p99)",
             "notes",
         ],
         rows,
-        "Commands before the gate opened (each waiter's first attempt, subscribing, a "
-        "BLPOP, new connections' handshakes) are outside the window; the notes give the count "
-        "from the waiters' start (for a poller it includes polling while the gate was shut).",
+        "A poller's commands per handoff grow with its waiters and with the time between "
+        "handoffs (waiters x gap / sleep); an event-driven lock's do not. Set-up (first "
+        "attempts, subscribing, connections' handshakes) and the stop at the end are outside "
+        "the window.",
     )
 
 
@@ -429,11 +442,15 @@ def _b8(result: Mapping[str, Any]) -> list[str]:
         parts.append(f"{row['acquisitions']:,} acquisitions in {row['seconds']:g} s")
         if row.get("overlaps") or row.get("token_regressions"):
             parts.append(
-                f"{row.get('overlaps')} overlaps, {row.get('token_regressions')} token "
-                "regressions!"
+                f"{row.get('overlaps')} overlaps, {row.get('token_regressions')} token regressions!"
             )
         elif "overlaps" in row:
             parts.append("no overlap, tokens increasing per name")
+        if row.get("leases_lost"):
+            parts.append(
+                f"on_lost ran {row['leases_lost']} times, for 30 s leases released at once "
+                "without error (a library race, see the README)!"
+            )
         rows.append(
             [
                 row["label"],
@@ -510,8 +527,9 @@ def markdown(results: Mapping[str, Any], chart: str = "", no_chart: str = "") ->
         "The machine is shared (2 cores, other jobs running): single figures are noisy. See "
         "`benchmarks/README.md`.",
         "",
-        f"![handoff latency and commands per handoff]({chart})" if chart else f"No chart: "
-        f"{no_chart}.",
+        f"![handoff latency and commands per handoff]({chart})"
+        if chart
+        else f"No chart: {no_chart}.",
         "",
     ]
     for key, result in results["scenarios"].items():

@@ -297,12 +297,7 @@ async def _run(url: str, prefix: str, config: B1Config, log: Log) -> dict[str, A
         else None
     )
     value = ours.get("ratio_evalsha")
-    met = (
-        value is not None
-        and value <= TARGET
-        and vs_redis_py is not None
-        and vs_redis_py <= 1.0
-    )
+    met = value is not None and value <= TARGET and vs_redis_py is not None and vs_redis_py <= 1.0
     return {
         "scenario": "B1",
         "title": "Uncontended acquire + release, one task",
@@ -322,7 +317,6 @@ async def _run(url: str, prefix: str, config: B1Config, log: Log) -> dict[str, A
         },
         "failed": "error" in ours,
     }
-
 
 
 def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:

@@ -56,6 +56,7 @@ class _Tally:
     server: dict[str, int] = field(default_factory=dict)
     overlaps: int = 0
     token_regressions: int = 0
+    lost: int = 0  # our ``on_lost`` callbacks (30 s leases released at once: should be none)
     errors: list[str] = field(default_factory=list)
 
 
@@ -70,7 +71,10 @@ async def _one_block(
     async def ours(name: str) -> None:
         from redis_locks_async import Lock
 
-        lock = Lock(client, name, lease=30.0, timeout=60.0)
+        def lost(lease: object) -> None:
+            tally.lost += 1
+
+        lock = Lock(client, name, lease=30.0, timeout=60.0, on_lost=lost)
         await go.wait()
         for _ in range(cycles):
             async with lock as lease:
@@ -173,6 +177,7 @@ async def _run(url: str, prefix: str, config: B8Config, log: Log) -> list[dict[s
             if peer == "redis-locks-async":
                 row["overlaps"] = tally.overlaps
                 row["token_regressions"] = tally.token_regressions
+                row["leases_lost"] = tally.lost
             rows.append(row)
     return rows
 
@@ -212,6 +217,12 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
             fatal.append(
                 f"{row['label']} ({row['mode']}): fencing tokens did not increase "
                 f"{row['token_regressions']} times"
+            )
+        if row.get("leases_lost"):
+            log(
+                f"B8: {row['label']} ({row['mode']}): on_lost ran {row['leases_lost']} times "
+                "for leases released at once without error",
+                style="yellow",
             )
     texts = [
         f"{mode}: {'—' if value is None else f'{value:.2f}'} x redis-py"

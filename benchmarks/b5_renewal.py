@@ -6,8 +6,9 @@ lease=3.0)``, renewed every lease/3 by the library) and hold it in ``async with`
 start at once. When every lock is held, a window of three leases begins, during which nothing
 but renewal talks to the server. Measured over the window:
 
-- **alive**: at its end every ``Lease`` must not be lost, and on the server every lock's hash
-  must still carry its ``token`` field equal to ``lease.fencing_token`` with a TTL left (a lock
+- **alive**: at its end no ``Lease`` may be lost (nor ``on_lost`` have run), and on the server
+  every lock's hash (the key layout the README documents: the lock's name, fields ``owner`` and
+  ``token``) must still carry ``token`` equal to ``lease.fencing_token`` with a TTL left (a lock
   that was not renewed would have expired twice over);
 - **renewal round trips**: requests written by the client (a pipeline is one), counted in the
   client, per renewal tick (lease/3) per 1,000 locks; the renewal calls themselves (EVALSHA,
@@ -115,11 +116,16 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
     stop = asyncio.Event()
     held = 0
     all_held = asyncio.Event()
+    on_lost_calls = 0
+
+    def on_lost(lease: Lease) -> None:
+        nonlocal on_lost_calls
+        on_lost_calls += 1
 
     async def hold(index: int) -> None:
         nonlocal held
         try:
-            async with Lock(client, names[index], lease=config.lease_s) as lease:
+            async with Lock(client, names[index], lease=config.lease_s, on_lost=on_lost) as lease:
                 leases[index] = lease
                 held += 1
                 if held == config.locks:
@@ -157,7 +163,7 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
         sizes, meter.sizes = meter.sizes, None
         after = meter.reading()
         after_stats: dict[str, Any] = await client.info("commandstats")
-        lost = sum(1 for lease in leases if lease is None or lease.lost)
+        lost = max(on_lost_calls, sum(1 for lease in leases if lease is None or lease.lost))
         tokens = [lease.fencing_token if lease is not None else -1 for lease in leases]
         alive, wrong = await _verify(client, names, tokens)
         result = _summarize(

@@ -10,7 +10,9 @@ never re-takes a lock it just released before the waiter got it (a non-fair lock
 barge in). That note travels after the measurement, never on the critical path; the timestamps
 go to the parent after the run. ``time.monotonic_ns`` is CLOCK_MONOTONIC on Linux, one clock
 for every process of the machine (the parent checks this before trusting cross-process
-differences).
+differences). For the floor, the pub/sub hop and our ``Lock`` the client's connections also
+record when each request's write began and when each reply or message was read
+(``_metering``), so the parent can split a handoff into its hops.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import redis
 import redis.asyncio as aioredis
 
 from ._common import describe, recv
+from ._metering import Meter, metered_connection
 
 HOLDING = "holding"
 READY = "ready"
@@ -54,11 +57,13 @@ class RunSpec:
 
 @dataclass(slots=True)
 class RunResult:
-    """What one worker saw: ``released[i] = t0``, ``received[i] = (t_call, t1, token)``."""
+    """What one worker saw: ``released[i] = t0``, ``received[i] = (t_call, t1, token)``, and
+    for the traced peers every write and read of its client (``(monotonic_ns, event)``)."""
 
     role: int
     released: dict[int, int] = field(default_factory=dict)
     received: dict[int, tuple[int, int, int | None]] = field(default_factory=dict)
+    trace: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +102,21 @@ async def _acquired(
         await release()
 
 
+TRACED = frozenset({"floor", "pubsub-hop", "redis-locks-async"})
+
+
+def _connect(spec: RunSpec, meter: Meter | None) -> aioredis.Redis:
+    """The peer's client; with a ``meter``, its connections record when they write and read."""
+    if meter is None:
+        return aioredis.Redis.from_url(spec.url)
+    return aioredis.Redis.from_url(spec.url, connection_class=metered_connection(meter))
+
+
 class _Ours:
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, meter: Meter | None) -> None:
         from redis_locks_async import Lock
 
-        self._client = aioredis.Redis.from_url(spec.url)
+        self._client = _connect(spec, meter)
         self._lock = Lock(self._client, spec.name, lease=30.0, timeout=spec.acquire_timeout_s)
 
     @contextlib.asynccontextmanager
@@ -179,8 +194,8 @@ class _Aioredlock:
 class _Floor:
     """The one-hop floor: a bare token passed with RPUSH, waited for with BLPOP."""
 
-    def __init__(self, spec: RunSpec) -> None:
-        self._client = aioredis.Redis.from_url(spec.url)
+    def __init__(self, spec: RunSpec, meter: Meter | None) -> None:
+        self._client = _connect(spec, meter)
         self._mine = f"{spec.name}:to:{spec.role}"
         self._theirs = f"{spec.name}:to:{1 - spec.role}"
         self._timeout = spec.acquire_timeout_s
@@ -205,8 +220,8 @@ class _PubSubHop:
     """A second reference: the token travels as a PUBLISH to a channel the other side reads
     with ``PubSub.get_message`` (the transport our ``Lock`` wakes waiters with)."""
 
-    def __init__(self, spec: RunSpec) -> None:
-        self._client = aioredis.Redis.from_url(spec.url)
+    def __init__(self, spec: RunSpec, meter: Meter | None) -> None:
+        self._client = _connect(spec, meter)
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         self._mine = f"{spec.name}:ch:{spec.role}"
         self._theirs = f"{spec.name}:ch:{1 - spec.role}"
@@ -254,13 +269,13 @@ class _PythonRedisLock:
         self._client.close()
 
 
-def _async_peer(spec: RunSpec) -> AsyncPeer:
+def _async_peer(spec: RunSpec, meter: Meter | None) -> AsyncPeer:
     if spec.peer == "floor":
-        return _Floor(spec)
+        return _Floor(spec, meter)
     if spec.peer == "pubsub-hop":
-        return _PubSubHop(spec)
+        return _PubSubHop(spec, meter)
     if spec.peer == "redis-locks-async":
-        return _Ours(spec)
+        return _Ours(spec, meter)
     if spec.peer == "redis-py":
         return _RedisPy(spec, sleep=0.1)
     if spec.peer == "redis-py/sleep=0.001":
@@ -321,7 +336,8 @@ def _expect(message: object, wanted: object) -> None:
 
 
 async def _play_async(spec: RunSpec, conn: Connection, other: Connection) -> RunResult:
-    peer = _async_peer(spec)
+    meter = Meter(trace=[]) if spec.peer in TRACED else None
+    peer = _async_peer(spec, meter)
     side = _Side(spec, conn, other)
     clock = time.monotonic_ns
     try:
@@ -339,6 +355,8 @@ async def _play_async(spec: RunSpec, conn: Connection, other: Connection) -> Run
                 _expect(await recv(other, side.wait), ("got", released))
     finally:
         await peer.aclose()
+    if meter is not None and meter.trace is not None:
+        side.result.trace = meter.trace
     return side.result
 
 

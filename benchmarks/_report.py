@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._chart import write_chart
+
 
 def _us(value: float) -> str:
     return f"{value:,.1f} µs"
@@ -33,7 +35,8 @@ def _verdict(target: Mapping[str, Any]) -> str:
 
 
 def _commands(by_type: Mapping[str, float], limit: int = 4) -> str:
-    top = sorted(by_type.items(), key=lambda item: -item[1])[:limit]
+    top = sorted(((k, v) for k, v in by_type.items() if v >= 0.0005), key=lambda kv: -kv[1])
+    top = top[:limit]
     return ", ".join(f"{cmd} {calls:g}" for cmd, calls in top)
 
 
@@ -78,13 +81,14 @@ def _b1(result: Mapping[str, Any]) -> list[str]:
     target = result["target"]
     intro = (
         f"{result['cycles']:,} cycles per peer in {result['rounds']} interleaved rounds. "
-        f"Reference: {result['reference']} = {_us(result['ping_median_us'])}. "
-        f"Target: {target['text']} — {_verdict(target)} ({_x(target['value'])})."
+        f"Reference: {result['reference']} = {_us(result['evalsha_median_us'])} "
+        f"(PING: {_us(result['ping_median_us'])}). Target: {target['text']} — "
+        f"{_verdict(target)} ({target.get('value_text')})."
     )
     rows = []
     for row in result["rows"]:
         if "error" in row:
-            rows.append(_error_row(row, "—", "—", "—", "—"))
+            rows.append(_error_row(row, "—", "—", "—", "—", "—"))
             continue
         summary = row["summary"]
         note = _command_note(row["commands_per_cycle"], row["commands_by_type"], "cycle")
@@ -95,6 +99,7 @@ def _b1(result: Mapping[str, Any]) -> list[str]:
                 row["label"],
                 _us(summary["median_us"]),
                 _us(summary["p99_us"]),
+                _x(row.get("ratio_evalsha")),
                 _x(row["ratio_median"]),
                 _x(row["ratio_p99"]),
                 note,
@@ -103,7 +108,15 @@ def _b1(result: Mapping[str, Any]) -> list[str]:
     return _section(
         result,
         intro,
-        ["peer", "median", "p99", "x PING (median)", "x PING (p99)", "notes"],
+        [
+            "peer",
+            "median",
+            "p99",
+            "x 2 EVALSHA (median)",
+            "x PING (median)",
+            "x PING (p99)",
+            "notes",
+        ],
         rows,
         "Server commands include those run inside Lua scripts (`INFO commandstats`).",
     )
@@ -113,12 +126,11 @@ def _b2(result: Mapping[str, Any]) -> list[str]:
     target = result["target"]
     clock = result.get("clock_check", {})
     config = result["config"]
-    value = target["value"]
     intro = (
         f"Two processes ping-pong one lock; latency = release started → waiter's acquire "
         f"returned. Hold {config['hold_base_ms']:g} ms + jitter of one polling period. "
         f"Reference: {result['reference']}. Target: {target['text']} — {_verdict(target)} "
-        f"({_x(value[0])} median, {_x(value[1])} p99). CLOCK_MONOTONIC shared across "
+        f"({target.get('value_text')}). CLOCK_MONOTONIC shared across "
         f"processes: {'yes' if clock.get('shared') else 'NO'} "
         f"({clock.get('inside_bracket')}/{clock.get('exchanges')} readings inside their bracket)."
     )
@@ -155,14 +167,67 @@ def _b2(result: Mapping[str, Any]) -> list[str]:
                 "; ".join(p for p in parts if p),
             ]
         )
-    return _section(
+    lines = _section(
         result,
         intro,
         ["peer", "median", "p99", "x floor (median)", "x floor (p99)", "notes"],
         rows,
         "Commands per handoff are approximate: they include set-up, warm-up and "
-        "Lua-internal commands.",
+        "Lua-internal commands (see B3 for client commands per handoff).",
     )
+    return lines + _b2_hops(result)
+
+
+def _b2_hops(result: Mapping[str, Any]) -> list[str]:
+    """Where a handoff's time goes, from both workers' client traces (medians per hop)."""
+    traced = [row for row in result["rows"] if row.get("hops_median_us")]
+    if not traced:
+        return []
+    rows = []
+    for row in traced:
+        hops = row["hops_median_us"]
+        parts = hops["release"] + hops["server"] + hops["wake"]
+        writes = row["hop_first_write"].items()
+        first = ", ".join(f"{k.removeprefix('send:')} {v}" for k, v in writes)
+        rows.append(
+            [
+                row["label"],
+                _us(hops["release"]),
+                _us(hops["server"]),
+                _us(hops["wake"]),
+                _us(parts),
+                _us(row["summary"]["median_us"]),
+                f"{row['hop_waiter_writes_mean']:g}",
+                _us(hops.get("reply", float("nan"))),
+                f"{row['hops_n']} handoffs; holder's first write: {first}",
+            ]
+        )
+    return [
+        "",
+        "### Where a handoff's time goes (medians of each hop)",
+        "",
+        "From timestamps both workers' clients take as they write a request and read a reply "
+        "or message (`benchmarks/_metering.py`): **release** = t0 → the holder's request "
+        "(release script, RPUSH, PUBLISH) is written; **server** = written → the waiter's "
+        "client has read its wake-up (pub/sub message, BLPOP reply): the server's work and "
+        "both kernels' and event loops' wake-ups; **wake** = read → the waiter's acquire "
+        "returned (the library's dispatch). Medians do not add up exactly to the median total.",
+        "",
+        *_table(
+            [
+                "peer",
+                "release",
+                "server",
+                "wake",
+                "sum of medians",
+                "median total",
+                "waiter writes before acquire returned",
+                "holder's own reply",
+                "notes",
+            ],
+            rows,
+        ),
+    ]
 
 
 def _b4(result: Mapping[str, Any]) -> list[str]:
@@ -208,11 +273,221 @@ def _b4(result: Mapping[str, Any]) -> list[str]:
     )
 
 
-_RENDER = {"B1": _b1, "B2": _b2, "B4": _b4}
+def _b3(result: Mapping[str, Any]) -> list[str]:
+    target = result["target"]
+    config = result["config"]
+    intro = (
+        f"Waiters spread over {config['processes']} processes wait on one lock held by a gate; "
+        "once all wait the gate opens and every waiter cycles: acquire, release at once, pause "
+        f"{config['think_ms']:g} ms, queue again. After {config['warmup_s']:g} s a steady "
+        f"window of {config['window_s']:g} s is measured: client commands and round trips are "
+        "counted in the clients (`benchmarks/_metering.py`), server script calls and commands "
+        "are `INFO commandstats` (the total includes the commands Lua scripts run inside the "
+        "server); each is divided by the handoffs in the window (acquisitions by another "
+        "waiter than the previous holder). "
+        f"Target: {target['text']} — {_verdict(target)} ({target.get('value_text')})."
+    )
+    rows = []
+    for row in result["rows"]:
+        waiters = f"{row['waiters']:,} / {row['processes']}"
+        if "client_commands_per_handoff" not in row:
+            rows.append(_error_row(row, waiters, "—", "—", "—", "—", "—", "—"))
+            continue
+        parts = [
+            row.get("note", ""),
+            "client: " + _commands(row["client_by_type_per_handoff"], 5),
+            "server: " + _commands(row["server_by_type_per_handoff"], 5),
+            f"{row['handoffs']:,} handoffs in {row['window_s']:g} s "
+            f"(≈ {row['pausing_mean']:g} waiters pausing at a time)",
+        ]
+        if row.get("leases_lost"):
+            parts.append(
+                f"on_lost ran {row['leases_lost']} times, for 60 s leases released at once "
+                "without error (a library race, see the README)!"
+            )
+        if row.get("repeats"):
+            parts.append(f"{row['repeats']} re-acquisitions by the releaser not counted")
+        if "tokens_increase" in row:
+            parts.append(
+                f"fencing tokens increased in acquisition order ({row['holds']:,} holds)"
+                if row["tokens_increase"]
+                else "fencing tokens NOT increasing!"
+            )
+        if row.get("overlaps"):
+            parts.append(f"{row['overlaps']} holds began before the previous release began!")
+        if row.get("failed"):
+            parts.append(f"{row['failed']} waiters failed: {row.get('errors')}")
+        gap = (
+            f"{_ms(row['gap_median_us'])} / {_ms(row['gap_p99_us'])}"
+            if "gap_median_us" in row
+            else "—"
+        )
+        rows.append(
+            [
+                row["label"],
+                waiters,
+                f"{row['client_commands_per_handoff']:g}",
+                f"{row['client_round_trips_per_handoff']:g}",
+                f"{row['server_script_calls_per_handoff']:g}",
+                f"{row['server_commands_per_handoff']:g}",
+                f"{row['handoffs_per_s']:,.0f}",
+                gap,
+                "; ".join(p for p in parts if p),
+            ]
+        )
+    return _section(
+        result,
+        intro,
+        [
+            "peer",
+            "waiters / processes",
+            "client commands per handoff",
+            "client round trips per handoff",
+            "server script calls per handoff",
+            "server commands per handoff (incl. Lua-internal)",
+            "handoffs/s",
+            "release → next acquire (median / p99)",
+            "notes",
+        ],
+        rows,
+        "A poller's commands per handoff grow with its waiters and with the time between "
+        "handoffs (waiters x gap / sleep); an event-driven lock's do not. Set-up (first "
+        "attempts, subscribing, connections' handshakes) and the stop at the end are outside "
+        "the window.",
+    )
 
 
-def markdown(results: Mapping[str, Any]) -> str:
-    """The whole ``results.md``."""
+def _lag(lag: Mapping[str, Any]) -> str:
+    if not lag.get("n"):
+        return "—"
+    return f"p50 {lag['p50_ms']:g} ms, p99 {lag['p99_ms']:g} ms, max {lag['max_ms']:g} ms"
+
+
+def _b5(result: Mapping[str, Any]) -> list[str]:
+    target = result["target"]
+    row = result["rows"][0]
+    config = result["config"]
+    intro = (
+        f"{config['locks']:,} tasks each hold their own `Lock(..., lease={config['lease_s']:g})` "
+        f"(renewed every lease/3 = one tick) in one process on a BlockingConnectionPool of "
+        f"{config['pool_size']}; measured over {config['leases']} leases once all are held. "
+        f"Target: {target['text']} — {_verdict(target)} ({target.get('value_text')})."
+    )
+    if "alive_on_server" not in row:
+        return [f"## B5 — {result['title']}", "", intro, "", f"Failed: {result.get('failures')}"]
+    table = [
+        ["locks held", f"{row['locks']:,} (all acquired in {row['acquire_s']:g} s)"],
+        [
+            f"alive after {config['leases']} leases",
+            f"{row['alive_on_server']:,} on the server (token and TTL checked), "
+            f"{row['lost_locally']} lost locally",
+        ],
+        [
+            "renewal round trips per tick",
+            f"{row['round_trips_per_tick']:g} ({row['client_round_trips']} in "
+            f"{row['window_s']:g} s = {row['ticks']:g} ticks)",
+        ],
+        ["… per 1,000 locks", f"**{row['round_trips_per_tick_per_1000']:g}**"],
+        [
+            "round trips per 1,000 renewals",
+            f"{row['round_trips_per_1000_renewals']:g} (the batching alone, whatever the "
+            "renewal period)",
+        ],
+        [
+            "renewals per lock per tick",
+            f"{row['renewals_per_lock_per_tick']:g} (client EVALSHA {row['renewals_client']:,}; "
+            f"server evalsha {row['renewals_server']:,})",
+        ],
+        [
+            "renewals per round trip (pipeline size)",
+            f"mean {row['pipeline_size_mean']}, min {row['pipeline_size_min']}, "
+            f"max {row['pipeline_size_max']} (the library's batch limit is 1,000)",
+        ],
+        ["event-loop lag while holding", _lag(row["lag_window"])],
+        ["event-loop lag while acquiring", _lag(row["lag_acquiring"])],
+        [
+            "release of all",
+            f"{row.get('release_s', '?')} s, {row.get('release_failed', 0)} failed"
+            + (f" ({row['release_errors'][0]})" if row.get("release_errors") else "")
+            + f"; {row.get('left_after_release', '?')} keys left; client close "
+            f"{row.get('close_s', '?')} s",
+        ],
+    ]
+    lines = [f"## B5 — {result['title']}", "", intro, ""]
+    lines += _table(["", "redis-locks-async Lock"], table)
+    lines += [
+        "",
+        "Round trips are requests the client wrote (a pipeline is one), counted in the client. "
+        f"Lag: overshoot of a {config['lag_tick_ms']:g} ms `asyncio.sleep` in a ticker task.",
+    ]
+    return lines
+
+
+def _b8(result: Mapping[str, Any]) -> list[str]:
+    target = result["target"]
+    config = result["config"]
+    intro = (
+        f"{config['tasks']} tasks in one process, each {config['cycles_per_task']} x "
+        f"`acquire(); release()` per round ({config['rounds']} rounds, peers alternating), "
+        f"own lock object per task, a BlockingConnectionPool of {config['pool_size']} per peer. "
+        f"Target: {target['text']} — {_verdict(target)} ({target.get('value_text')})."
+    )
+    rows = []
+    for row in result["rows"]:
+        mode = f"{row['mode']} ({row['tasks']} tasks on {row['names']} names)"
+        if "per_s" not in row:
+            rows.append(_error_row(row, mode, "—", "—", "—", "—"))
+            continue
+        parts = ["client: " + _commands(row["client_by_type_per_acquisition"], 4)]
+        parts.append(f"{row['acquisitions']:,} acquisitions in {row['seconds']:g} s")
+        if row.get("overlaps") or row.get("token_regressions"):
+            parts.append(
+                f"{row.get('overlaps')} overlaps, {row.get('token_regressions')} token regressions!"
+            )
+        elif "overlaps" in row:
+            parts.append("no overlap, tokens increasing per name")
+        if row.get("leases_lost"):
+            parts.append(
+                f"on_lost ran {row['leases_lost']} times, for 30 s leases released at once "
+                "without error (a library race, see the README)!"
+            )
+        rows.append(
+            [
+                row["label"],
+                mode,
+                f"{row['per_s']:,.0f}",
+                _x(row.get("ratio_vs_redis_py")),
+                f"{row['client_commands_per_acquisition']:g}",
+                f"{row['client_round_trips_per_acquisition']:g}",
+                f"{row['server_commands_per_acquisition']:g}",
+                "; ".join(parts),
+            ]
+        )
+    return _section(
+        result,
+        intro,
+        [
+            "peer",
+            "mode",
+            "acquisitions/s",
+            "x redis-py",
+            "client commands per acquisition",
+            "client round trips per acquisition",
+            "server commands per acquisition (incl. Lua-internal)",
+            "notes",
+        ],
+        rows,
+        "Client commands are counted in the client (`benchmarks/_metering.py`); server "
+        "commands from `INFO commandstats` include those Lua scripts run inside the server.",
+    )
+
+
+_RENDER = {"B1": _b1, "B2": _b2, "B3": _b3, "B4": _b4, "B5": _b5, "B8": _b8}
+
+
+def markdown(results: Mapping[str, Any], chart: str = "", no_chart: str = "") -> str:
+    """The whole ``results.md`` (``chart``: the chart's file name, else ``no_chart`` says
+    why there is none)."""
     meta = results["meta"]
     header = [
         ("Date", meta["date"]),
@@ -247,9 +522,14 @@ def markdown(results: Mapping[str, Any]) -> str:
     lines += _table(["", ""], [[k, v] for k, v in header])
     lines += [
         "",
-        "Compare ratios, not absolute times: every ratio's reference (PING round trip, "
-        "one-hop floor) is measured in the same run on the same server. See "
+        "Compare ratios, not absolute times: every ratio's reference (two bare EVALSHA, PING, "
+        "the one-hop floor, redis-py's Lock) is measured in the same run on the same server. "
+        "The machine is shared (2 cores, other jobs running): single figures are noisy. See "
         "`benchmarks/README.md`.",
+        "",
+        f"![handoff latency and commands per handoff]({chart})"
+        if chart
+        else f"No chart: {no_chart}.",
         "",
     ]
     for key, result in results["scenarios"].items():
@@ -264,11 +544,19 @@ def markdown(results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write(results: Mapping[str, Any], out: Path) -> tuple[Path, Path]:
-    """Write ``results.json`` and ``results.md`` into ``out``; return their paths."""
+def write(results: Mapping[str, Any], out: Path) -> tuple[Path, Path, Path | None]:
+    """Write ``results.json``, ``results.png`` (when matplotlib is there) and ``results.md``
+    into ``out``; return their paths (``None`` for a chart that was not drawn)."""
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "results.json"
     md_path = out / "results.md"
+    png_path = out / "results.png"
     json_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    md_path.write_text(markdown(results), encoding="utf-8")
-    return json_path, md_path
+    png_path.unlink(missing_ok=True)
+    try:
+        no_chart = write_chart(results, png_path)
+    except Exception as exc:  # a chart is a nicety: never lose the results over it
+        no_chart = f"drawing it failed ({type(exc).__name__}: {exc})"
+    chart = png_path.name if not no_chart else ""
+    md_path.write_text(markdown(results, chart, no_chart), encoding="utf-8")
+    return json_path, md_path, (png_path if chart else None)

@@ -56,6 +56,11 @@ def ratio(value: float, reference: float) -> float | None:
     return round(value / reference, 3)
 
 
+def fmt_ratio(value: float | None) -> str:
+    """``1.23`` for a ratio, ``—`` when there is none."""
+    return "—" if value is None else f"{value:.2f}"
+
+
 def command_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, int]:
     """Per-command call counts between two ``INFO commandstats`` snapshots (non-zero only)."""
     delta: dict[str, int] = {}

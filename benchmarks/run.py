@@ -1,9 +1,11 @@
-"""``python -m benchmarks``: run the SPEC §5 scenarios and write ``results.json`` + ``results.md``.
+"""``python -m benchmarks``: run the SPEC §5 scenarios and write ``results.json``,
+``results.md`` and (with matplotlib) ``results.png``.
 
 Exit status: 0 when every scenario ran (targets missed on a noisy machine are reported, not
 failures); 1 when something really failed — the server did not start, a scenario crashed, or
 redis-locks-async itself misbehaved (an error, a waiter that acquired before the release began,
-fencing tokens that did not increase, waiters lost while idle); 130 on Ctrl-C.
+overlapping holds, fencing tokens that did not increase, waiters lost while idle, a renewed
+lock that did not survive or could not be released); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import redis
 
-from . import b1_uncontended, b2_handoff, b4_idle
+from . import b1_uncontended, b2_handoff, b3_commands, b4_idle, b5_renewal, b8_throughput
 from ._console import Console, Log
 from ._peers import all_statuses
 from ._report import write
@@ -37,7 +39,10 @@ Runner = Callable[..., dict[str, Any]]
 SCENARIOS: dict[str, Runner] = {
     "B1": b1_uncontended.run,
     "B2": b2_handoff.run,
+    "B3": b3_commands.run,
     "B4": b4_idle.run,
+    "B5": b5_renewal.run,
+    "B8": b8_throughput.run,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -46,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="redis-locks-async against its peers (SPEC §5): B1 uncontended cycle vs "
-        "PING, B2 cross-process handoff vs the one-hop floor, B4 idle cost.",
+        "two bare EVALSHA, B2 cross-process handoff vs the one-hop floor, B3 commands per "
+        "handoff, B4 idle cost, B5 10,000 renewed locks, B8 throughput.",
     )
     parser.add_argument(
         "--quick",
@@ -63,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--url",
         help="use this running server instead of starting one "
-        "(its other traffic will pollute B4's counts)",
+        "(its other traffic will pollute the server-side command counts)",
     )
     parser.add_argument(
         "--out",
@@ -174,7 +180,8 @@ def _run_all(
         if isinstance(target, dict):
             verdict = "met" if target.get("met") else "NOT met"
             log(
-                f"{key} target: {target.get('text')} — {verdict} ({target.get('value')})",
+                f"{key} target: {target.get('text')} — {verdict} "
+                f"({target.get('value_text', target.get('value'))})",
                 style="green" if target.get("met") else "yellow",
             )
     return failures
@@ -225,8 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.close()
     results["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
-    json_path, md_path = write(results, args.out)
-    log(f"wrote {json_path} and {md_path} in {results['meta']['elapsed_s']:.0f} s")
+    json_path, md_path, png_path = write(results, args.out)
+    chart = f", {png_path}" if png_path else " (no chart)"
+    log(f"wrote {json_path}, {md_path}{chart} in {results['meta']['elapsed_s']:.0f} s")
     if failures:
         for failure in failures:
             log(f"FAILED {failure}", style="bold red")

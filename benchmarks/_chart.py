@@ -1,0 +1,152 @@
+"""``results.png``: handoff latency (B2, x the one-hop floor) and commands per handoff (B3).
+
+matplotlib is optional (the ``bench`` and ``dev`` extras install it): without it no chart is
+written and :func:`write_chart` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+OURS = "redis-locks-async"
+_OURS_COLOR = "#1f6fb4"
+_PEER_COLOR = "#9a9a9a"
+_REFERENCE_COLOR = "#4caf50"
+_REFERENCES = frozenset({"floor", "pubsub-hop"})
+
+
+def _color(key: str) -> str:
+    if key == OURS:
+        return _OURS_COLOR
+    return _REFERENCE_COLOR if key in _REFERENCES else _PEER_COLOR
+
+
+def _handoff_bars(b2: Mapping[str, Any]) -> list[tuple[str, str, float, float]]:
+    """(key, label, median x floor, p99 x floor) of every B2 row with a ratio."""
+    bars = []
+    for row in b2.get("rows", []):
+        median, p99 = row.get("ratio_median"), row.get("ratio_p99")
+        if isinstance(median, (int, float)) and isinstance(p99, (int, float)):
+            bars.append((row["key"], row["label"], float(median), float(p99)))
+    return bars
+
+
+def _command_bars(b3: Mapping[str, Any]) -> list[tuple[str, str, float, float]]:
+    """(key, label with waiters, client commands/handoff, server commands/handoff)."""
+    bars = []
+    for row in b3.get("rows", []):
+        client = row.get("client_commands_per_handoff")
+        server = row.get("server_commands_per_handoff")
+        if isinstance(client, (int, float)) and isinstance(server, (int, float)):
+            label = f"{row['label']}\n{row['waiters']:,} waiters / {row['processes']} processes"
+            bars.append((row["key"], label, float(client), float(server)))
+    return bars
+
+
+def _legend(ax: Any, solid: str, hatched: str) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(facecolor="#777777", label=solid),
+        Patch(facecolor="#cccccc", hatch="//", label=hatched),
+        Patch(facecolor=_OURS_COLOR, label="redis-locks-async"),
+        Patch(facecolor=_REFERENCE_COLOR, label="reference"),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def write_chart(results: Mapping[str, Any], path: Path) -> str:
+    """Draw the chart into ``path``; return ``""`` or why there is none."""
+    scenarios = results.get("scenarios", {})
+    handoffs = _handoff_bars(scenarios.get("B2", {}))
+    commands = _command_bars(scenarios.get("B3", {}))
+    if not handoffs and not commands:
+        return "B2 and B3 were not measured in this run"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]')"
+    panels = [p for p in (handoffs, commands) if p]
+    height = max(3.0, 0.55 * sum(len(p) for p in panels) + 1.6 * len(panels))
+    figure, axes = plt.subplots(len(panels), 1, figsize=(12, height), squeeze=False)
+    index = 0
+    if handoffs:
+        ax = axes[index][0]
+        index += 1
+        labels = [label for _, label, _, _ in handoffs][::-1]
+        colors = [_color(key) for key, _, _, _ in handoffs][::-1]
+        positions = list(range(len(handoffs)))
+        medians = [median for _, _, median, _ in handoffs][::-1]
+        p99s = [p99 for _, _, _, p99 in handoffs][::-1]
+        ax.barh([p + 0.2 for p in positions], medians, height=0.4, color=colors, label="median")
+        ax.barh(
+            [p - 0.2 for p in positions],
+            p99s,
+            height=0.4,
+            color=colors,
+            alpha=0.45,
+            hatch="//",
+            label="p99",
+        )
+        for p, median, p99 in zip(positions, medians, p99s, strict=True):
+            ax.text(median, p + 0.2, f" {median:.2f}x", va="center", fontsize=8)
+            ax.text(p99, p - 0.2, f" {p99:.2f}x", va="center", fontsize=8)
+        ax.set_yticks(positions, labels, fontsize=8)
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("handoff latency x one-hop floor (log scale; median solid, p99 hatched)")
+        ax.set_title("B2 — cross-process handoff to a waiting task", fontsize=10)
+        _legend(ax, "median", "p99")
+        ax.set_xlim(right=max(p99s + medians) * 3)
+    if commands:
+        ax = axes[index][0]
+        labels = [label for _, label, _, _ in commands][::-1]
+        colors = [_color(key) for key, _, _, _ in commands][::-1]
+        positions = list(range(len(commands)))
+        client = [value for _, _, value, _ in commands][::-1]
+        server = [value for _, _, _, value in commands][::-1]
+        ax.barh([p + 0.2 for p in positions], client, height=0.4, color=colors, label="client")
+        ax.barh(
+            [p - 0.2 for p in positions],
+            server,
+            height=0.4,
+            color=colors,
+            alpha=0.45,
+            hatch="//",
+            label="server (incl. Lua-internal)",
+        )
+        for p, c, s in zip(positions, client, server, strict=True):
+            ax.text(c, p + 0.2, f" {c:.2f}", va="center", fontsize=8)
+            ax.text(s, p - 0.2, f" {s:.2f}", va="center", fontsize=8)
+        ax.set_yticks(positions, labels, fontsize=8)
+        values = [v for v in client + server if v > 0]
+        # Pollers can cost a hundred times what we do: a log scale keeps every bar readable.
+        log_scale = bool(values) and max(values) / min(values) > 30
+        scale_note = "log scale; " if log_scale else ""
+        ax.set_xlabel(
+            f"commands per handoff ({scale_note}client-sent solid; all server-side hatched)"
+        )
+        ax.set_title("B3 — Redis commands per handoff", fontsize=10)
+        _legend(ax, "client-sent", "server-side (incl. Lua-internal)")
+        if log_scale:
+            ax.set_xscale("log")
+            ax.set_xlim(left=min(values) / 2, right=max(values) * 3)
+        else:
+            ax.set_xlim(right=max(client + server) * 1.15)
+    meta = results.get("meta", {})
+    server_meta = meta.get("server", {})
+    figure.suptitle(
+        f"redis-locks-async vs peers — {server_meta.get('name', '?')} "
+        f"{server_meta.get('version', '?')}, Python {meta.get('python', '?')}, "
+        f"{meta.get('cpu_count', '?')} cores, {'quick' if meta.get('quick') else 'full'} run",
+        fontsize=10,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return ""

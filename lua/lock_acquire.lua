@@ -35,7 +35,7 @@ if is_done(done, me) then
     return {-1, 0, 0, 0}
 end
 local token = next_fence(meta, now_us())
-if mode == 'wait' then
+if redis.call('ZSCORE', queue, me) then  -- also reads the queue before writing (type check)
     unregister(meta, queue, me)
 end
 redis.call('HSET', lock, 'owner', me, 'token', int(token))

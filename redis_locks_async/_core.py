@@ -86,6 +86,7 @@ _T = TypeVar("_T")
 REGISTRATION_GRACE: Final = 2.0  # seconds a registration outlives the holder's lease (+ claim)
 TRY_BOUND: Final = 1.0  # seconds a single attempt (blocking=False) waits for its reply
 CLEANUP_GRACE: Final = 0.5  # seconds a waiter that gives up waits for its clean-up
+RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
 _EAGER: Final = sys.version_info >= (3, 12)
@@ -248,6 +249,10 @@ class _Expired(Exception):
     """The caller's deadline passed while a command was in flight."""
 
 
+class _JobCancelled(Exception):
+    """A command's job task was cancelled under a caller that was not (the client closed)."""
+
+
 def _is_async_client(redis: object) -> bool:
     return inspect.iscoroutinefunction(getattr(redis, "execute_command", None))
 
@@ -298,10 +303,14 @@ def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
     )
 
 
-def _current(action: str, name: str) -> asyncio.Task[Any]:
+def _current(action: str, name: str, frame: FrameType | None = None) -> asyncio.Task[Any]:
+    """The calling task — or, when the running method (whose frame is ``frame``) is the whole
+    body of a helper task of ``asyncio.wait_for`` (Python 3.10/3.11), the task awaiting it."""
     task = asyncio.current_task()
     if task is None:
         raise RuntimeError(f"cannot {action} {name!r} outside an asyncio task")
+    if frame is not None and getattr(task.get_coro(), "cr_frame", None) is frame:
+        return _awaiting_wait_for(task) or task
     return task
 
 
@@ -312,8 +321,9 @@ async def _job(coro: Awaitable[_T], reply: asyncio.Future[_T]) -> None:
     try:
         result = await coro
     except asyncio.CancelledError:
+        # The job itself was cancelled (the runtime is closing): the caller was not.
         if not reply.done():
-            reply.cancel()
+            reply.set_exception(_JobCancelled())
         raise
     except BaseException as exc:
         if not reply.done():
@@ -331,6 +341,24 @@ def _expire(reply: asyncio.Future[Any]) -> None:
 def _cancelling(task: asyncio.Task[Any] | None) -> int:
     """Pending cancellation requests of ``task`` (always 0 before Python 3.11)."""
     return task.cancelling() if _DIRECT and task is not None else 0  # type: ignore[attr-defined]
+
+
+async def _bounded(command: Awaitable[_T], deadline: float) -> _T:
+    """``command``, abandoned with ``TimeoutError`` at loop time ``deadline``."""
+    if _DIRECT:
+        async with asyncio.timeout_at(deadline):  # type: ignore[attr-defined]
+            return await command
+    loop = asyncio.get_running_loop()
+    try:
+        return await asyncio.wait_for(command, max(0.0, deadline - loop.time()))
+    except asyncio.TimeoutError:
+        raise TimeoutError from None
+
+
+def _release_deadline(hold: Hold) -> float:
+    """How long a release may wait for its answer: until the lease would end (then there is
+    nothing left to release), and at least a moment."""
+    return max(hold.expires_at, hold.loop.time() + RELEASE_PATIENCE)
 
 
 def _left(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:
@@ -569,7 +597,7 @@ class LockBase:
         :class:`LockLostError` if its lease ended meanwhile. Cancelling the caller does not
         stop the release.
         """
-        task = _current("release", self._name)
+        task = _current("release", self._name, sys._getframe(0))
         runtime, hold = self._held_by(task, "release")
         await self._release(runtime, hold, hold.entries[-1] if hold.entries else None)
 
@@ -579,7 +607,7 @@ class LockBase:
         The new length is kept by later renewals (a shorter lease is renewed sooner).
         """
         length = self._lease if lease is None else check_lease(lease)
-        task = _current("extend", self._name)
+        task = _current("extend", self._name, sys._getframe(0))
         runtime, hold = self._held_by(task, "extend")
         await self._settled(hold)
         self._check_live(runtime, hold, "extend")
@@ -726,6 +754,12 @@ class LockBase:
         timer = None if deadline is None else loop.call_at(deadline, _expire, reply)
         try:
             return await reply
+        except _JobCancelled:
+            if undo is not None:
+                self._undo(runtime, undo)
+            raise LockError(
+                f"cannot use {self._name!r}: the redis client was closed", name=self._name
+            ) from None
         except BaseException as exc:
             if undo is not None and (
                 isinstance(exc, (asyncio.CancelledError, _Expired))
@@ -1067,10 +1101,12 @@ class LockBase:
                 logger.warning(
                     "task %s ended while holding %r; releasing it", task.get_name(), self._name
                 )
-            self._forget(runtime, hold)
             if hold.live:
+                self._forget(runtime, hold)
                 hold.state = HoldState.RELEASED
                 self._undo(runtime, self._abandon(hold.owner))
+            else:
+                self._forget_lost(runtime, hold)
 
         hold.task_callback = task_ended
         task.add_done_callback(task_ended)
@@ -1112,11 +1148,20 @@ class LockBase:
                 name=self._name,
             )
         if hold.state is HoldState.LOST:
-            self._forget(runtime, hold)
+            if held:
+                self._forget_lost(runtime, hold)
             raise LockLostError(
                 f"cannot {action} {self._name!r}: the lease was lost ({hold.lost_reason})",
                 name=self._name,
             )
+
+    def _forget_lost(self, runtime: Runtime, hold: Hold) -> None:
+        """Forget a lost hold, and release what may still be ours on the server (a lease lost
+        because its renewals went unanswered may still be alive there): fenced, harmless if
+        another owner holds the lock now."""
+        self._forget(runtime, hold)
+        if not runtime.closed:
+            self._undo(runtime, self._abandon(hold.owner))
 
     async def _reenter(self, runtime: Runtime, hold: Hold) -> bool | None:
         """Re-enter ``hold``; ``None`` when a release in flight ended it (acquire afresh)."""
@@ -1214,16 +1259,14 @@ class LockBase:
         status = 0
         while True:
             try:
+                call = self._policy.release(hold.owner, "entry", entry, sharded)
                 status, _ = ints(
-                    await self._policy.release(hold.owner, "entry", entry, sharded).run(
-                        self._redis
-                    ),
-                    2,
+                    await _bounded(call.run(self._redis), _release_deadline(hold)), 2
                 )
                 break
             except MaxConnectionsError:
                 await asyncio.sleep(_POOL_BACKOFF[-1])
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, TimeoutError) as exc:
                 if not runtime.topology.transient(exc):
                     raise await self._explain(exc, "release") from exc
                 if not hold.live:
@@ -1257,10 +1300,9 @@ class LockBase:
         sharded = runtime.topology.sharded
         try:
             call = self._policy.release(hold.owner, "final", "", sharded)
-            status, _ = ints(
-                await self._pool_patient(lambda: call.run(self._redis), hold.expires_at), 2
-            )
-        except (RedisError, OSError) as exc:
+            command = self._pool_patient(lambda: call.run(self._redis), hold.expires_at)
+            status, _ = ints(await _bounded(command, _release_deadline(hold)), 2)
+        except (RedisError, OSError, TimeoutError) as exc:
             hold.state = HoldState.RELEASED
             self._forget(runtime, hold)
             if runtime.topology.transient(exc):

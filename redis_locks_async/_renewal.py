@@ -1,10 +1,11 @@
 """The lease keeper: one asyncio task per runtime renews every auto-renewed lease, in batches.
 
-A hold is due for renewal a third of the way into its lease (``Hold.renew_at``). When the keeper
-wakes it renews every hold due now or within the next twelfth of its lease, in pipelines of at
-most :data:`BATCH` calls, so holds of the same length fall into step: 10,000 held locks cost ten
-round trips per tick, not 10,000 timers. A renewal succeeds only if the owner id still holds
-the key (a token-checked script); "not held" means the lease is **lost**. A transient error
+A hold is due for renewal a third of the way into its lease (``Hold.renew_at``), so a lone hold
+is renewed every lease/3. When one is due the keeper renews it together with every hold at least
+halfway through its own renewal period, in pipelines of at most :data:`BATCH` calls: holds fall
+into step (two groups a period apart merge at the next tick), and 10,000 held locks of one lease
+cost ten round trips per tick, not 10,000 timers. A renewal succeeds only if the owner id still
+holds the key (a token-checked script); "not held" means the lease is **lost**. A transient error
 (connection refused, timeout, a demoted master) is retried with a growing back-off until the
 lease's local expiry passes; then the lease is lost. Every round trip is bounded by the earliest
 local expiry in its batch, so a silent network never keeps a lease "held" past its end.
@@ -43,13 +44,16 @@ _MIN_BOUND: Final = 0.05  # the shortest time a renewal round trip is given
 
 
 def _due_at(hold: Hold) -> float:
-    """When the keeper must look at ``hold``: a renewal (batched up to lease/12 early), a
-    confirmation (at once), or the expiry of a lease that is not renewed."""
-    if hold.confirm:
-        return hold.renew_at
-    if hold.auto_renew:
-        return hold.renew_at - hold.lease / 12
-    return hold.expires_at
+    """When the keeper must look at ``hold``: its renewal (or confirmation), or the expiry of
+    a lease that is not renewed."""
+    return hold.renew_at if hold.wants_renewal else hold.expires_at
+
+
+def _ripe(hold: Hold, now: float) -> bool:
+    """Whether ``hold`` may be renewed now with a batch due anyway: it is at least halfway
+    through its renewal period (renewing it early keeps holds in step, so that they share
+    round trips — two batches a period apart merge into one)."""
+    return hold.wants_renewal and (hold.confirm or hold.renew_at - hold.lease / 6 <= now)
 
 
 @final
@@ -68,6 +72,7 @@ class LeaseKeeper:
         self._kick: asyncio.Future[None] | None = None
         self._wake_at: float | None = None  # when the sleeping keeper wakes by itself
         self._failures = 0
+        self._closed = False  # a cancellation swallowed by redis-py must not keep it running
         self.renewal_round_trips = 0
         self.renewals = 0
 
@@ -107,26 +112,24 @@ class LeaseKeeper:
                 self._kick = loop.create_future()
                 self._wake_at = math.inf  # any new hold wakes the keeper at once
                 await asyncio.wait((self._kick,), timeout=_IDLE_LINGER)
-                if not self._holds:
+                if not self._holds or self._closed:
                     self._task = None
                     self._wake_at = None
                     return
+            if self._closed:
+                return
             now = loop.time()
-            due: list[Hold] = []
             next_at = math.inf
             for hold in list(self._holds):
                 if not hold.live:
                     self._holds.discard(hold)
-                    continue
-                due_at = _due_at(hold)
-                if due_at > now:
-                    next_at = min(next_at, due_at)
-                elif hold.wants_renewal:
-                    due.append(hold)
-                else:
+                elif not hold.wants_renewal and hold.expires_at <= now:
                     self._holds.discard(hold)
                     hold.mark_lost("the lease expired (auto_renew=False)")
-            if due:
+                else:
+                    next_at = min(next_at, _due_at(hold))
+            if next_at <= now:
+                due = [hold for hold in self._holds if _ripe(hold, now)]
                 for start in range(0, len(due), BATCH):
                     await self._renew(due[start : start + BATCH])
                 continue
@@ -192,11 +195,11 @@ class LeaseKeeper:
         logger.info("renewing %r failed (%r); retrying", hold.name, exc)
         delay = _BACKOFF[min(self._failures, len(_BACKOFF) - 1)]
         retry_at = now + min(delay, (hold.expires_at - now) / 2)
-        # due again at retry_at (see _due_at)
-        hold.renew_at = retry_at + (0.0 if hold.confirm else hold.lease / 12)
+        hold.renew_at = retry_at
 
     async def aclose(self) -> None:
         """Stop renewing (the leases then end on the server by themselves)."""
+        self._closed = True
         self._holds.clear()
         task, self._task = self._task, None
         if task is not None:

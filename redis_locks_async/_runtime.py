@@ -38,7 +38,7 @@ from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, Final, Protocol, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError
+from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
@@ -85,6 +85,9 @@ _TRANSIENT: Final = (
 )
 
 
+_BUSY: Final = ("BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN")
+
+
 @final
 class Standalone:
     """One server (or a Sentinel-managed master) behind a ``redis.asyncio.Redis`` client."""
@@ -118,8 +121,11 @@ class Standalone:
         return self.client.pubsub()
 
     def transient(self, exc: BaseException) -> bool:
-        """Connection trouble, timeouts, and a demoted master (``READONLY``)."""
-        return isinstance(exc, _TRANSIENT)
+        """Connection trouble, timeouts, a demoted master (``READONLY``), and a server that is
+        busy for now (a long script, loading its data set)."""
+        return isinstance(exc, _TRANSIENT) or (
+            isinstance(exc, ResponseError) and str(exc).startswith(_BUSY)
+        )
 
 
 # -- owner ids ---------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar, final
 
-from redis.exceptions import RedisError
+from redis.exceptions import MaxConnectionsError, RedisError
 
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
@@ -65,14 +65,6 @@ from ._parking import News, Waiter
 from ._runtime import Runtime, existing_runtime, new_owner_id, runtime_for
 from ._scripts import Call, explain, ints, wrong_type_error
 from ._validation import check_lease, check_name, check_timeout, to_ms
-
-try:  # newer redis-py raise it for an exhausted pool; older ones a ConnectionError
-    from redis.exceptions import MaxConnectionsError
-except ImportError:  # pragma: no cover - depends on the installed redis-py
-
-    class MaxConnectionsError(RedisError):  # type: ignore[no-redef]
-        """Stand-in: never raised by this redis-py."""
-
 
 if TYPE_CHECKING:
     from ._runtime import Topology

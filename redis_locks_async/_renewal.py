@@ -143,21 +143,11 @@ class LeaseKeeper:
     async def _renew(self, due: list[Hold]) -> None:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
-        client = self._topology.client
-        pipe = client.pipeline(transaction=False)
-        calls = []
-        for hold in due:
-            call = hold.renew(hold.owner, hold.lease)
-            calls.append(call)
-            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        topology = self._topology
+        calls = [hold.renew(hold.owner, hold.lease) for hold in due]
         self.renewal_round_trips += 1
         bound = max(_MIN_BOUND, min(hold.expires_at for hold in due) - sent_at)
-        try:
-            results: list[object] = await asyncio.wait_for(
-                pipe.execute(raise_on_error=False), bound
-            )
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            results = [exc] * len(due)
+        results = await topology.run_batch(calls, bound)
         now = loop.time()
         failed = False
         reload: dict[str, str] = {}
@@ -172,7 +162,7 @@ class LeaseKeeper:
                 self._retry_or_lose(hold, result, now)
             elif isinstance(result, BaseException):
                 self._lose(hold, f"renewal failed: {result}")
-            elif int(result) == 1:  # type: ignore[call-overload]
+            elif int(result) == 1:
                 self.renewals += 1
                 hold.renewed(sent_at)
             else:
@@ -180,7 +170,7 @@ class LeaseKeeper:
         self._failures = self._failures + 1 if failed else 0
         for source in reload.values():
             try:
-                await asyncio.wait_for(client.script_load(source), bound)
+                await asyncio.wait_for(topology.client.script_load(source), bound)
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 logger.debug("script reload failed: %s", exc)
 

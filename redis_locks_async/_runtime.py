@@ -34,19 +34,28 @@ import logging
 import os
 import secrets
 import weakref
-from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Final, Protocol, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, ResponseError
+from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
 from ._lease import Hold
 from ._notify import SubscriptionHub
 from ._renewal import LeaseKeeper
+from ._scripts import Call
 
-__all__ = ("Runtime", "Standalone", "Topology", "new_owner_id", "runtime_for")
+__all__ = (
+    "Runtime",
+    "Standalone",
+    "Topology",
+    "is_transient",
+    "new_owner_id",
+    "runtime_for",
+    "topology_for",
+)
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -73,6 +82,13 @@ class Topology(Protocol):
 
     def transient(self, exc: BaseException) -> bool:
         """Whether ``exc`` is worth retrying (the command may not have run)."""
+
+    async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
+        """Run ``calls`` (renewals) in as few round trips as the topology allows, each round
+        trip bounded by ``bound`` seconds; an error takes the place of its call's reply."""
+
+    async def aclose(self) -> None:
+        """Close whatever connections the topology opened itself (not the user's client)."""
 
 
 _TRANSIENT: Final = (
@@ -121,11 +137,29 @@ class Standalone:
         return self.client.pubsub()
 
     def transient(self, exc: BaseException) -> bool:
-        """Connection trouble, timeouts, a demoted master (``READONLY``), and a server that is
-        busy for now (a long script, loading its data set)."""
-        return isinstance(exc, _TRANSIENT) or (
-            isinstance(exc, ResponseError) and str(exc).startswith(_BUSY)
-        )
+        """See :func:`is_transient`."""
+        return is_transient(exc)
+
+    async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
+        """One pipeline (one round trip)."""
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        try:
+            return list(await asyncio.wait_for(pipe.execute(raise_on_error=False), bound))
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            return [exc] * len(calls)
+
+    async def aclose(self) -> None:
+        """Nothing of its own to close."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection trouble, timeouts, a demoted master (``READONLY``), and a server that is busy
+    for now (a long script, loading its data set): worth retrying."""
+    return isinstance(exc, _TRANSIENT) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(_BUSY)
+    )
 
 
 # -- owner ids ---------------------------------------------------------------------------------
@@ -274,8 +308,9 @@ class Runtime:
         """Whether a local task waits for (or is attempting) the lock of ``channel``."""
         if channel in self.trying:
             return True
-        hub = self._hubs.get(self.topology.node_of(channel))
-        return hub is not None and hub.waiters(channel) > 0
+        # Every hub, not just the channel's node: asking a cluster client which node serves
+        # the channel needs its slot map, which the first attempt on the lock loads.
+        return any(hub.waiters(channel) > 0 for hub in self._hubs.values())
 
     def hubs(self) -> list[SubscriptionHub]:
         """Every subscription hub of this runtime."""
@@ -301,6 +336,7 @@ class Runtime:
         await self.drain(timeout=max(0.0, deadline - loop.time()))
         for hub in self._hubs.values():
             await hub.aclose()
+        await self.topology.aclose()
         self._finished = True
         tasks = [task for task in self._tasks if task is not asyncio.current_task()]
         for task in tasks:
@@ -311,7 +347,19 @@ class Runtime:
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 
 
-def runtime_for(client: Any, topology: Callable[[Any], Topology] = Standalone) -> Runtime:
+def topology_for(client: Any) -> Topology:
+    """The topology of a user's client: a ``RedisCluster`` is a :class:`~._cluster.Cluster`,
+    anything else (a ``Redis``, a Sentinel master) is :class:`Standalone`."""
+    from redis.asyncio.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        from ._cluster import Cluster
+
+        return Cluster(client)
+    return Standalone(client)
+
+
+def runtime_for(client: Any, topology: Callable[[Any], Topology] = topology_for) -> Runtime:
     """The runtime of ``client`` on the running loop (created on first use).
 
     Raises :class:`LockError` if the client was closed on this loop.

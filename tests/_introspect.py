@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from redis_locks_async import Lease
 from redis_locks_async._fair import FAIR_ACQUIRE
@@ -23,6 +24,8 @@ from redis_locks_async._lock import SCRIPTS
 from redis_locks_async._runtime import Runtime, existing_runtime
 from redis_locks_async._rwlock import SCRIPTS as RW_SCRIPTS
 from redis_locks_async._semaphore import SCRIPTS as SEM_SCRIPTS
+
+Client = aioredis.Redis | RedisCluster  # what the library's runtimes are keyed by
 
 __all__ = (
     "aux_keys",
@@ -41,7 +44,7 @@ __all__ = (
 )
 
 
-def _state(client: aioredis.Redis) -> Runtime | None:
+def _state(client: Client) -> Runtime | None:
     return existing_runtime(client)
 
 
@@ -50,33 +53,33 @@ def script_sources() -> Sequence[str]:
     return [script.source for script in (*SCRIPTS, FAIR_ACQUIRE, *RW_SCRIPTS, *SEM_SCRIPTS)]
 
 
-def background_tasks(client: aioredis.Redis) -> set[asyncio.Task[Any]]:
+def background_tasks(client: Client) -> set[asyncio.Task[Any]]:
     """The library's background tasks for ``client`` that are not done (listener, keeper,
     cleanups, releases in flight)."""
     state = _state(client)
     return set() if state is None else state.background_tasks
 
 
-def pending_cleanups(client: aioredis.Redis) -> int:
+def pending_cleanups(client: Client) -> int:
     """Background cleanups and releases still running (not the long-lived keeper/listener)."""
     state = _state(client)
     return 0 if state is None else state.pending_cleanups
 
 
-async def drain(client: aioredis.Redis, timeout: float = 5.0) -> None:
+async def drain(client: Client, timeout: float = 5.0) -> None:
     """Wait (at most ``timeout`` s) for pending cleanups and releases of ``client``."""
     state = _state(client)
     if state is not None:
         await state.drain(timeout)
 
 
-def renewal_round_trips(client: aioredis.Redis) -> int:
+def renewal_round_trips(client: Client) -> int:
     """Renewal round trips the lease keeper of ``client`` made so far."""
     state = _state(client)
     return 0 if state is None else state.keeper.renewal_round_trips
 
 
-def keeper_size(client: aioredis.Redis) -> int:
+def keeper_size(client: Client) -> int:
     """How many leases the keeper of ``client`` is renewing or watching."""
     state = _state(client)
     return 0 if state is None else len(state.keeper)
@@ -87,7 +90,7 @@ def lease_owner_id(lease: Lease) -> str:
     return lease._hold.owner
 
 
-def live_owner_ids(client: aioredis.Redis) -> set[str]:
+def live_owner_ids(client: Client) -> set[str]:
     """Owner ids a live local task stands behind: held (not lost) leases and waiting tasks."""
     state = _state(client)
     if state is None:
@@ -99,13 +102,13 @@ def live_owner_ids(client: aioredis.Redis) -> set[str]:
     return ids
 
 
-def held_leases(client: aioredis.Redis) -> list[Lease]:
+def held_leases(client: Client) -> list[Lease]:
     """Every lease the library holds locally for ``client`` (any task, any lock)."""
     state = _state(client)
     return [] if state is None else [hold.view for hold in state.holds.values()]
 
 
-def local_waiters(client: aioredis.Redis) -> int:
+def local_waiters(client: Client) -> int:
     """Tasks waiting (queued locally) for any lock of ``client``."""
     state = _state(client)
     return 0 if state is None else sum(hub.waiting for hub in state.hubs())
@@ -140,7 +143,7 @@ async def registered_waiters(inspector: aioredis.Redis, name: str) -> set[str]:
     return {_text(member) for member in await inspector.zrange(keys.queue, 0, -1)}
 
 
-def renewals(client: aioredis.Redis) -> int:
+def renewals(client: Client) -> int:
     """Successful renewals the keeper of ``client`` made so far."""
     state = _state(client)
     return 0 if state is None else state.keeper.renewals
@@ -153,7 +156,7 @@ async def server_hold_count(inspector: aioredis.Redis, name: str) -> int:
     return int(await inspector.hlen(name)) - 1
 
 
-def lease_of(client: aioredis.Redis, name: str, task: asyncio.Task[Any]) -> Lease | None:
+def lease_of(client: Client, name: str, task: asyncio.Task[Any]) -> Lease | None:
     """The lease ``task`` holds on the ``Lock`` called ``name`` (through ``client``)."""
     state = _state(client)
     hold = None if state is None else state.holds.get((("lock", name), task))

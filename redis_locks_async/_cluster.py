@@ -1,0 +1,152 @@
+"""Redis Cluster: the topology of a ``redis.asyncio.cluster.RedisCluster`` client.
+
+What changes on a cluster, and where it is handled:
+
+* **Scripts** run through the cluster client, which routes an ``EVALSHA`` by its keys. Every key
+  of a lock hashes to one slot (``_keys``: the auxiliary keys carry the name's hash tag), so each
+  script runs on the one primary that owns the lock; redirections (``MOVED``/``ASK``) are the
+  cluster client's business.
+* **Announcements** use sharded pub/sub (``SPUBLISH`` in the scripts, ``SSUBSCRIBE`` here): a
+  lock's channel lives on the node that owns its slot, and one subscription hub per node
+  multiplexes every channel of that node. The hub's connection is a plain connection to that
+  node (its own small pool, with the cluster client's connection settings), so the hub's health
+  check, reconnection and re-check apply unchanged. After a failover or a slot migration the
+  node answers with a ``MOVED`` error or drops the subscription: the hub reconnects, and the
+  waiters re-check (their fallback timers bound the wait in any case).
+* **Renewals** are pipelined per node (a cluster pipeline refuses ``EVALSHA``): the keeper's
+  batch is split by the node that owns each lock's slot, one pipeline per node, sent
+  concurrently; a renewal answered with a redirection is re-sent through the cluster client.
+
+Slot migrations and failovers are transient errors: a renewal retries until the lease would
+end, exactly as on one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any, Final, final
+
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.connection import ConnectionPool
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    MovedError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+
+from ._errors import LockError
+from ._runtime import is_transient
+from ._scripts import Call
+
+__all__ = ("Cluster",)
+
+_CLUSTER_TRANSIENT: Final = (
+    AskError,
+    MovedError,
+    TryAgainError,
+    ClusterDownError,
+    ClusterError,
+    SlotNotCoveredError,
+)
+_REDIRECTED: Final = (AskError, MovedError)
+
+
+@final
+class Cluster:
+    """The nodes behind a ``RedisCluster`` client (module docstring)."""
+
+    __slots__ = ("__weakref__", "_client", "_nodes")
+
+    def __init__(self, client: Any) -> None:
+        self._client = weakref.ref(client)  # weak, as in Standalone
+        self._nodes: dict[str, Redis] = {}
+
+    @property
+    def client(self) -> Any:
+        """The user's cluster client."""
+        client = self._client()
+        if client is None:
+            raise LockError("the redis client was garbage-collected")
+        return client
+
+    @property
+    def sharded(self) -> bool:
+        """Announcements use sharded pub/sub."""
+        return True
+
+    def node_of(self, channel: str) -> Hashable:
+        """The name (``host:port``) of the primary that owns ``channel``'s slot now."""
+        node = self.client.get_node_from_key(channel)
+        if node is None:
+            raise LockError(f"no cluster node serves the slot of {channel!r} (not initialized?)")
+        return str(node.name)
+
+    def pubsub(self, node: Hashable) -> Any:
+        """A plain pub/sub connection to ``node``."""
+        return PubSub(self._node_client(str(node)).connection_pool)
+
+    def transient(self, exc: BaseException) -> bool:
+        """Standalone's transient errors, plus redirections, ``TRYAGAIN`` and a cluster that
+        is down for now (a failover in progress)."""
+        return isinstance(exc, _CLUSTER_TRANSIENT) or is_transient(exc)
+
+    async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
+        """Run ``calls`` in one pipeline per node, concurrently, each bounded by ``bound``
+        seconds; errors are returned in place of replies."""
+        client = self.client
+        groups: dict[str, list[int]] = {}
+        for index, call in enumerate(calls):
+            node = client.get_node_from_key(call.keys[0])
+            groups.setdefault("" if node is None else str(node.name), []).append(index)
+        results: list[object] = [None] * len(calls)
+
+        async def one_node(name: str, indexes: list[int]) -> None:
+            if not name:
+                for index in indexes:
+                    results[index] = SlotNotCoveredError("no node serves this slot")
+                return
+            pipe = self._node_client(name).pipeline(transaction=False)
+            for index in indexes:
+                script, keys, args = calls[index]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            try:
+                replies = await asyncio.wait_for(pipe.execute(raise_on_error=False), bound)
+            except Exception as exc:  # per call: any failure is that call's reply
+                replies = [exc] * len(indexes)
+            for index, reply in zip(indexes, replies, strict=True):
+                if isinstance(reply, _REDIRECTED):
+                    # The slot moved: the cluster client follows the redirection (and
+                    # refreshes its slot map for the next batch).
+                    try:
+                        reply = await asyncio.wait_for(calls[index].run(client), bound)
+                    except Exception as exc:
+                        reply = exc
+                results[index] = reply
+
+        await asyncio.gather(*(one_node(name, indexes) for name, indexes in groups.items()))
+        return results
+
+    async def aclose(self) -> None:
+        """Close the per-node connections this topology opened."""
+        nodes, self._nodes = self._nodes, {}
+        for node in nodes.values():
+            await node.aclose(close_connection_pool=True)
+
+    def _node_client(self, name: str) -> Redis:
+        node_client = self._nodes.get(name)
+        if node_client is None:
+            node = self.client.get_node(node_name=name)
+            if node is None:
+                raise LockError(f"cluster node {name} is gone")
+            kwargs = dict(node.connection_kwargs)
+            kwargs.pop("maint_notifications_config", None)
+            kwargs.pop("oss_cluster_maint_notifications_handler", None)
+            pool = ConnectionPool(connection_class=node.connection_class, **kwargs)
+            node_client = self._nodes[name] = Redis(connection_pool=pool)
+        return node_client

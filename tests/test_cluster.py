@@ -1,0 +1,228 @@
+"""Redis Cluster: every primitive on a real 3-primary cluster (`RedisCluster` client).
+
+The cluster is three ``--cluster-enabled`` servers of the run's binary on loopback ports, slots
+split with ``CLUSTER ADDSLOTSRANGE`` and joined with ``CLUSTER MEET`` (no ``redis-cli`` needed).
+Names are chosen so that every primary serves some lock: scripts must touch one slot per lock,
+announcements travel by sharded pub/sub from the lock's own node, and the lease keeper renews
+through one pipeline per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.asyncio.cluster import RedisCluster
+
+from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
+from tests import _introspect
+from tests.servers import ServerProcess, free_port
+
+pytestmark = pytest.mark.timeout(90)
+
+_SLOTS = 16384
+
+
+def _wait_until(check: object, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"cluster set-up: {what} did not happen within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes(server_binary: Path) -> Iterator[list[ServerProcess]]:
+    """Three primaries covering every slot (module-wide: a cluster takes a second to form)."""
+    bus_ports = [free_port() for _ in range(3)]
+    nodes = [
+        ServerProcess(
+            server_binary,
+            extra_args=[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "2000",
+                "--cluster-port",  # the bus port (default: port + 10000, maybe taken or > 65535)
+                str(bus_port),
+            ],
+        )
+        for bus_port in bus_ports
+    ]
+    try:
+        for node in nodes:
+            node.start()
+        admins = [redis.Redis(host=node.host, port=node.port) for node in nodes]
+        share = _SLOTS // len(nodes)
+        for index, admin in enumerate(admins):
+            first = index * share
+            last = _SLOTS - 1 if index == len(nodes) - 1 else first + share - 1
+            admin.execute_command(  # type: ignore[no-untyped-call]
+                "CLUSTER", "ADDSLOTSRANGE", first, last
+            )
+        for node, bus_port in zip(nodes[1:], bus_ports[1:], strict=True):
+            meet = ("CLUSTER", "MEET", node.host, node.port, bus_port)
+            admins[0].execute_command(*meet)  # type: ignore[no-untyped-call]
+
+        def formed() -> bool:
+            for admin in admins:
+                info = admin.execute_command(  # type: ignore[no-untyped-call]
+                    "CLUSTER", "INFO"
+                )
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                if "cluster_state:ok" not in text or "cluster_known_nodes:3" not in text:
+                    return False
+            return True
+
+        _wait_until(formed, "cluster_state:ok on every node")
+        for admin in admins:
+            admin.close()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.cleanup()
+
+
+@pytest.fixture
+async def cluster(cluster_nodes: list[ServerProcess]) -> AsyncIterator[list[RedisCluster]]:
+    """Two cluster clients (two "processes"), closed after the test."""
+    first = cluster_nodes[0]
+    clients = [RedisCluster(host=first.host, port=first.port) for _ in range(2)]
+    for client in clients:
+        await client.initialize()
+    try:
+        yield clients
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def _names_on_every_node(client: RedisCluster, prefix: str) -> list[str]:
+    """One lock name per primary (so every node serves one of the test's locks)."""
+    names: dict[str, str] = {}
+    index = 0
+    while len(names) < 3:
+        name = f"{prefix}:{index}"
+        node = client.get_node_from_key(name)
+        assert node is not None
+        names.setdefault(node.name, name)
+        index += 1
+    return list(names.values())
+
+
+async def test_handoff_between_clients_on_every_node(cluster: list[RedisCluster]) -> None:
+    """A waiter on another client is woken by the release (sharded pub/sub from the lock's own
+    node), long before the holder's lease would end."""
+    a, b = cluster
+    for name in _names_on_every_node(a, "handoff"):
+        holder, waiter = Lock(a, name, lease=30.0), Lock(b, name, lease=30.0)
+        assert await holder.acquire(blocking=False)
+        acquired_at: list[float] = []
+
+        async def contend(lock: Lock = waiter, log: list[float] = acquired_at) -> None:
+            assert await lock.acquire(timeout=20)
+            log.append(time.monotonic())
+            assert await lock.locked()
+            await lock.release()
+
+        contender = asyncio.create_task(contend())
+        await asyncio.sleep(0.3)
+        assert not acquired_at, "the waiter got a held lock"
+        released_at = time.monotonic()
+        await holder.release()
+        await asyncio.wait_for(contender, 10)
+        assert acquired_at[0] - released_at < 5.0  # woken, not the 30 s lease fallback
+        assert not await holder.locked()
+
+
+async def test_renewal_keeps_locks_on_every_node(cluster: list[RedisCluster]) -> None:
+    """The keeper renews locks spread over the three primaries (one pipeline per node)."""
+    a, b = cluster
+    locks = [Lock(a, name, lease=0.6) for name in _names_on_every_node(a, "renew")]
+    for lock in locks:
+        assert await lock.acquire(blocking=False)
+    await asyncio.sleep(2.0)  # more than three leases
+    for lock in locks:
+        assert lock.owned()
+        lease = lock.current_lease
+        assert lease is not None and not lease.lost
+        assert not await Lock(b, lock.name).acquire(blocking=False)
+    for lock in locks:
+        await lock.release()
+    assert _introspect.renewal_round_trips(a) >= 2
+
+
+async def test_every_primitive_on_a_cluster(cluster: list[RedisCluster]) -> None:
+    """FairLock, ReadWriteLock and Semaphore work on a cluster (one slot per lock)."""
+    a, b = cluster
+    fair_name, rw_name, sem_name = _names_on_every_node(a, "family")
+
+    fair_a, fair_b = FairLock(a, fair_name), FairLock(b, fair_name)
+    assert await fair_a.acquire(blocking=False)
+    contender = asyncio.create_task(_hold_briefly(fair_b))
+    await asyncio.sleep(0.2)
+    await fair_a.release()
+    assert await asyncio.wait_for(contender, 10)
+
+    rw_a, rw_b = ReadWriteLock(a, rw_name), ReadWriteLock(b, rw_name)
+    assert await rw_a.read.acquire(blocking=False)
+    assert await rw_b.read.acquire(blocking=False)  # readers share
+
+    async def try_write() -> bool:
+        return await ReadWriteLock(b, rw_name).write.acquire(blocking=False)
+
+    assert not await asyncio.create_task(try_write())  # another task: readers exclude writers
+    await rw_a.read.release()
+    await rw_b.read.release()
+    assert await rw_b.write.acquire(blocking=False)
+    await rw_b.write.release()
+
+    sem_a, sem_b = Semaphore(a, sem_name, 2), Semaphore(b, sem_name, 2)
+    assert await sem_a.acquire(blocking=False)
+    assert await sem_b.acquire(blocking=False)
+    assert await sem_b.free_permits() == 0
+    waiter = asyncio.create_task(_hold_briefly(Semaphore(b, sem_name, 2)))
+    await asyncio.sleep(0.2)
+    await sem_a.release()
+    assert await asyncio.wait_for(waiter, 10)
+    await sem_b.release()
+
+
+async def _hold_briefly(lock: Lock | FairLock | Semaphore) -> bool:
+    if not await lock.acquire(timeout=10):
+        return False
+    await lock.release()
+    return True
+
+
+async def test_keys_share_the_lock_slot(cluster: list[RedisCluster]) -> None:
+    """A waiting acquisition writes its registration next to the lock: same slot, no CROSSSLOT
+    error, and the keys are on the node that owns the name."""
+    a, b = cluster
+    name = "slot:{user42}:cart"
+    holder = Lock(a, name)
+    assert await holder.acquire(blocking=False)
+    assert not await Lock(b, name).acquire(timeout=0.3)
+    slot = a.keyslot(name)
+    for key in _introspect.aux_keys(name):
+        assert a.keyslot(key) == slot
+    await holder.release()
+
+
+async def test_close_leaves_nothing_running(cluster: list[RedisCluster]) -> None:
+    """Closing a cluster client stops its keeper and hubs and closes the per-node connections."""
+    a, b = cluster
+    holder = Lock(a, "close:x")
+    assert await holder.acquire(blocking=False)
+    waiter = asyncio.create_task(_hold_briefly(Lock(b, "close:x")))
+    await asyncio.sleep(0.3)
+    await b.aclose()
+    with pytest.raises(LockError):
+        await asyncio.wait_for(waiter, 10)
+    assert not _introspect.background_tasks(b)
+    await holder.release()

@@ -195,6 +195,7 @@ class ServerProcess:
 
     __slots__ = (
         "_binary",
+        "_config",
         "_dir",
         "_extra_args",
         "_host",
@@ -218,6 +219,7 @@ class ServerProcess:
         host: str = LOOPBACK,
         extra_args: Sequence[str] = (),
         startup_timeout: float = 10.0,
+        config: str | None = None,
     ) -> None:
         self._binary = Path(binary) if binary is not None else server_binaries()[0]
         self._info = binary_info(self._binary)
@@ -233,6 +235,11 @@ class ServerProcess:
         self._version: tuple[int, int, int] | None = None
         self._version_string = ""
         self._server_name = self._info.server_name
+        self._config: Path | None = None
+        if config is not None:
+            # A config file is the first argument (Sentinel needs one it can rewrite).
+            self._config = self._dir / "server.conf"
+            self._config.write_text(config)
 
     # ---- description -----------------------------------------------------------------------
 
@@ -315,6 +322,7 @@ class ServerProcess:
         """The full argv the server is started with."""
         args = [
             str(self._binary),
+            *([] if self._config is None else [str(self._config)]),
             "--port", str(self._port),
             "--bind", self._host,
             "--dir", str(self._dir),

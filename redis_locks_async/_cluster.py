@@ -132,6 +132,13 @@ class Cluster:
         await asyncio.gather(*(one_node(name, indexes) for name, indexes in groups.items()))
         return results
 
+    def pipeline_for(self, key: str | bytes) -> Any:
+        """A pipeline on the node that owns ``key``'s slot."""
+        node = self.client.get_node_from_key(key)
+        if node is None:
+            raise LockError(f"no cluster node serves the slot of {key!r}")
+        return self._node_client(str(node.name)).pipeline(transaction=False)
+
     async def aclose(self) -> None:
         """Close the per-node connections this topology opened."""
         nodes, self._nodes = self._nodes, {}

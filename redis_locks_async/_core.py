@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar, final
 
-from redis.exceptions import MaxConnectionsError, RedisError
+from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
@@ -64,7 +64,7 @@ from ._lease import Hold, HoldState, Lease, LostCallback
 from ._parking import News, Waiter
 from ._runtime import Runtime, existing_runtime, new_owner_id, runtime_for
 from ._scripts import Call, explain, ints, wrong_type_error
-from ._validation import check_lease, check_name, check_timeout, to_ms
+from ._validation import check_lease, check_name, check_replicas, check_timeout, to_ms
 
 if TYPE_CHECKING:
     from ._runtime import Topology
@@ -387,6 +387,9 @@ class LockBase:
         "_on_lost",
         "_policy",
         "_redis",
+        "_replica_fsync",
+        "_replica_timeout",
+        "_replicas",
         "_timeout",
         "_topology",
     )
@@ -401,8 +404,16 @@ class LockBase:
         timeout: float | None = None,
         on_lost: LostCallback | None = None,
         claim_timeout: float = 2.0,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        replica_fsync: bool = False,
     ) -> None:
         self._name = check_name(name)
+        self._replicas = check_replicas(replicas)
+        self._replica_timeout = check_lease(replica_timeout, "replica_timeout")
+        if not isinstance(replica_fsync, bool):
+            raise TypeError(f"replica_fsync must be a bool, not {type(replica_fsync).__name__}")
+        self._replica_fsync = replica_fsync
         self._lease = check_lease(lease)
         self._timeout = check_timeout(timeout)
         self._claim = check_lease(claim_timeout, "claim_timeout")
@@ -578,9 +589,67 @@ class LockBase:
         if refused is not None:
             raise LockError(f"cannot acquire {self._name!r}: {refused}", name=self._name)
         if await self._acquire(runtime, task, wait if blocking else 0.0):
+            if self._replicas:
+                await self._sync_replicas(runtime, task)
             return True
         self._counters.timeouts += 1
         return False
+
+    async def _sync_replicas(self, runtime: Runtime, task: asyncio.Task[Any]) -> None:
+        """Replica sync (``replicas=``): renew the fresh hold and ``WAIT`` (``WAITAOF``) for the
+        replicas in one pipeline on one connection — the renewal follows the acquisition in the
+        replication stream, so its acknowledgement covers the lock. Too few acknowledgements,
+        an error or a cancellation give the lock up (fenced, in the background) and fail."""
+        hold = runtime.holds[(self._policy.hold_key, task)]
+        wanted, timeout = self._replicas, self._replica_timeout
+        call = self._policy.renew(hold.owner, hold.lease)
+        waits = ("WAITAOF", 0, wanted) if self._replica_fsync else ("WAIT", wanted)
+        problem = ""
+        try:
+            for _ in range(2):  # a second time if the server did not know the renewal script
+                pipe = runtime.topology.pipeline_for(call.keys[0])
+                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+                pipe.execute_command(*waits, to_ms(timeout))
+                renewed, acked = await asyncio.wait_for(
+                    pipe.execute(raise_on_error=False), timeout + RELEASE_PATIENCE
+                )
+                if not isinstance(renewed, NoScriptError):
+                    break
+                await runtime.topology.client.script_load(call.script.source)
+            if isinstance(renewed, BaseException) or isinstance(acked, BaseException):
+                error = renewed if isinstance(renewed, BaseException) else acked
+                problem = f"the replica sync failed: {error}"
+            elif int(renewed) != 1:
+                problem = "the lock expired before its replicas could be asked"
+            else:
+                hold.replicas = int(acked[1] if isinstance(acked, list) else acked)
+                if hold.replicas < wanted:
+                    problem = (
+                        f"only {hold.replicas} of {wanted} replicas acknowledged it within "
+                        f"{timeout} s"
+                    )
+        except BaseException as exc:
+            self._give_up(runtime, hold)
+            if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
+                raise LockError(
+                    f"cannot acquire {self._name!r}: the replica sync failed ({exc!r}); the lock "
+                    "was given up",
+                    name=self._name,
+                ) from exc
+            raise
+        if problem:
+            self._give_up(runtime, hold)
+            raise LockError(
+                f"cannot acquire {self._name!r}: {problem}; the lock was given up",
+                name=self._name,
+            )
+
+    def _give_up(self, runtime: Runtime, hold: Hold) -> None:
+        """Drop a hold the caller will not get, and abandon it on the server (fenced)."""
+        if hold.state is HoldState.HELD:
+            self._forget(runtime, hold)
+            hold.state = HoldState.RELEASED
+            self._undo(runtime, self._abandon(hold.owner))
 
     async def release(self) -> None:
         """Release one hold of the calling task (the last one frees or hands over the lock).

@@ -75,6 +75,7 @@ class Hold:
         "pending",
         "renew",
         "renew_at",
+        "replicas",
         "spawn",
         "state",
         "task",
@@ -121,6 +122,7 @@ class Hold:
         self.pending: asyncio.Future[None] | None = None  # a release in flight
         self.outer: Hold | None = None  # the task's previous hold of the same key (permits)
         self.lost_reason = ""
+        self.replicas: int | None = None  # replicas that acknowledged it (replica sync)
         self.guards: dict[asyncio.Task[Any], int] = {}
         self.view = Lease(self)
         self._lost_event: asyncio.Event | None = None
@@ -271,6 +273,12 @@ class Lease:
     def hold_count(self) -> int:
         """How many times the holding task has entered the lock."""
         return self._hold.count
+
+    @property
+    def replicas(self) -> int | None:
+        """How many replicas acknowledged this acquisition (``WAIT``/``WAITAOF``) when the lock
+        asks for replica sync (``replicas=``); ``None`` without it."""
+        return self._hold.replicas
 
     @property
     def lost(self) -> bool:

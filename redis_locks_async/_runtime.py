@@ -90,6 +90,9 @@ class Topology(Protocol):
     async def aclose(self) -> None:
         """Close whatever connections the topology opened itself (not the user's client)."""
 
+    def pipeline_for(self, key: str | bytes) -> Any:
+        """A non-transactional pipeline on one connection to the node that owns ``key``."""
+
 
 _TRANSIENT: Final = (
     RedisConnectionError,
@@ -152,6 +155,10 @@ class Standalone:
 
     async def aclose(self) -> None:
         """Nothing of its own to close."""
+
+    def pipeline_for(self, key: str | bytes) -> Any:
+        """A pipeline on the user's client."""
+        return self.client.pipeline(transaction=False)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -188,6 +188,9 @@ class ReadWriteLock:
         on_lost: LostCallback | None = None,
         claim_timeout: float = 2.0,
         prefer_writers: bool = True,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        replica_fsync: bool = False,
     ) -> None:
         if not isinstance(prefer_writers, bool):
             raise TypeError(f"prefer_writers must be a bool, not {type(prefer_writers).__name__}")
@@ -198,6 +201,9 @@ class ReadWriteLock:
             "timeout": timeout,
             "on_lost": on_lost,
             "claim_timeout": claim_timeout,
+            "replicas": replicas,
+            "replica_timeout": replica_timeout,
+            "replica_fsync": replica_fsync,
         }
         self.read = ReadLock(redis, name, **options)
         self.write = WriteLock(redis, name, **options)

@@ -129,6 +129,9 @@ class Semaphore(LockBase):
         timeout: float | None = None,
         on_lost: LostCallback | None = None,
         claim_timeout: float = 2.0,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        replica_fsync: bool = False,
     ) -> None:
         self._permits = _check_permits(permits)
         super().__init__(
@@ -139,6 +142,9 @@ class Semaphore(LockBase):
             timeout=timeout,
             on_lost=on_lost,
             claim_timeout=claim_timeout,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            replica_fsync=replica_fsync,
         )
 
     def _make_policy(self) -> Policy:

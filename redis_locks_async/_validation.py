@@ -58,3 +58,12 @@ def check_timeout(value: object, what: str = "timeout") -> float | None:
 def to_ms(seconds: float) -> int:
     """Whole milliseconds for the Lua boundary (at least 1)."""
     return max(1, round(seconds * 1000))
+
+
+def check_replicas(replicas: object) -> int:
+    """How many replicas must acknowledge an acquisition: an ``int`` >= 0 (0: no replica sync)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise TypeError(f"replicas must be an int, not {type(replicas).__name__}")
+    if replicas < 0:
+        raise ValueError(f"replicas must be 0 or more, got {replicas}")
+    return replicas

@@ -1,0 +1,161 @@
+"""SPEC §6 S4: a lock lost on failover without replica sync, and the replica-sync policy.
+
+A master and one replica of the run's binary. The failure is made deterministic with the
+recipe of the spec: stop the replica (SIGSTOP), cut its replication link (``CLIENT KILL TYPE
+replica`` on the master), acquire, kill the master, resume the replica and promote it. The
+replica never saw the acquisition, so a client of the promoted replica takes the same lock
+while the first holder still believes it holds it. With ``replicas=1`` the same acquisition
+fails (and gives the lock up) because no replica acknowledges it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from redis_locks_async import Lock, LockError
+from tests import _introspect
+from tests.servers import ServerProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Pair:
+    """A master and its replica (synced before the test starts)."""
+
+    def __init__(self, binary: Path) -> None:
+        fast_sync = ["--repl-diskless-sync-delay", "0"]  # default: wait 5 s for more replicas
+        self.master = ServerProcess(binary, extra_args=fast_sync).start()
+        self.replica = ServerProcess(
+            binary,
+            extra_args=[*fast_sync, "--replicaof", self.master.host, str(self.master.port)],
+        ).start()
+        deadline = time.monotonic() + 20
+        while not self._synced():
+            assert time.monotonic() < deadline, "the replica did not sync within 20 s"
+            time.sleep(0.05)
+
+    def _synced(self) -> bool:
+        with redis.Redis(host=self.replica.host, port=self.replica.port) as replica:
+            return bool(replica.info("replication").get("master_link_status") == "up")
+
+    def cut_replica(self) -> None:
+        """Stop the replica and drop its link: the master's next writes reach no replica."""
+        self.replica.pause()
+        with redis.Redis(host=self.master.host, port=self.master.port) as master:
+            master.client_kill_filter(_type="replica")
+
+    def fail_over(self) -> None:
+        """Kill the master, resume the replica and promote it."""
+        self.master.kill()
+        self.replica.resume()
+        with redis.Redis(host=self.replica.host, port=self.replica.port) as replica:
+            replica.replicaof("NO", "ONE")
+
+    def cleanup(self) -> None:
+        for proc in (self.replica, self.master):
+            proc.cleanup()
+
+
+@pytest.fixture
+def pair(server_binary: Path) -> Iterator[Pair]:
+    """A fresh master/replica pair per test (each test kills or pauses one)."""
+    setup = Pair(server_binary)
+    try:
+        yield setup
+    finally:
+        setup.cleanup()
+
+
+async def test_failover_without_replica_sync_loses_the_lock(pair: Pair) -> None:
+    """The demonstration: without replica sync, a failover at the wrong moment lets a second
+    holder in — the acquisition never reached the replica that became the master."""
+    old = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    new = aioredis.Redis(host=pair.replica.host, port=pair.replica.port)
+    try:
+        await asyncio.to_thread(pair.cut_replica)
+        first = Lock(old, "s4:orders", lease=5.0)
+        assert await first.acquire(blocking=False)
+        await asyncio.to_thread(pair.fail_over)
+        second = Lock(new, "s4:orders", lease=5.0)
+        assert await second.acquire(blocking=False)  # two holders: the lock was lost
+        lease = first.current_lease
+        assert lease is not None and not lease.lost  # the first holder does not know yet
+        assert (second.current_lease or lease).fencing_token != lease.fencing_token
+        await second.release()
+    finally:
+        await new.aclose()
+        await old.aclose()
+
+
+async def test_replica_sync_refuses_an_acquisition_no_replica_has(pair: Pair) -> None:
+    """With ``replicas=1`` the same acquisition fails with a ``LockError`` saying how many
+    replicas acknowledged it, and the lock is given up on the master."""
+    client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    try:
+        await asyncio.to_thread(pair.cut_replica)
+        lock = Lock(client, "s4:synced", replicas=1, replica_timeout=0.3)
+        started = time.monotonic()
+        with pytest.raises(LockError, match="only 0 of 1 replicas acknowledged"):
+            await lock.acquire(blocking=False)
+        assert time.monotonic() - started < 3.0
+        assert not lock.owned()
+        await _introspect.drain(client)
+        assert await _introspect.owner_in_redis(client, "s4:synced") is None
+        assert not await lock.locked()
+    finally:
+        pair.replica.resume()
+        await client.aclose()
+
+
+async def test_replica_sync_reports_the_acknowledgements(pair: Pair) -> None:
+    """With a live replica the acquisition succeeds and the lease says how many replicas
+    acknowledged it; the replica has the lock. Handed-over acquisitions are synced too."""
+    client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    replica = aioredis.Redis(host=pair.replica.host, port=pair.replica.port)
+    try:
+        lock = Lock(client, "s4:ok", replicas=1)
+        async with lock as lease:
+            assert lease.replicas == 1
+            owner = _introspect.lease_owner_id(lease)
+            assert await _introspect.owner_in_redis(replica, "s4:ok") == owner
+
+            async def wait_for_it() -> int | None:
+                async with Lock(client, "s4:ok", replicas=1) as handed:
+                    return handed.replicas
+
+            waiter = asyncio.create_task(wait_for_it())
+            await asyncio.sleep(0.2)
+        assert await asyncio.wait_for(waiter, 10) == 1
+        # WAITAOF counts replicas that fsynced their append-only file: these run without one
+        # (and Redis 7.0 has no WAITAOF): the acquisition fails and is given up.
+        aof = Lock(client, "s4:aof", replicas=1, replica_timeout=0.2, replica_fsync=True)
+        with pytest.raises(LockError, match="replica"):
+            await aof.acquire(blocking=False)
+        await _introspect.drain(client)
+        assert not await aof.locked()
+        assert Lock(client, "s4:plain").current_lease is None
+        async with Lock(client, "s4:plain") as plain:
+            assert plain.replicas is None
+    finally:
+        await replica.aclose()
+        await client.aclose()
+
+
+def test_replica_arguments_are_checked() -> None:
+    """Bad replica-sync arguments fail at construction, before any I/O."""
+    client = aioredis.Redis()
+    with pytest.raises(ValueError, match="replicas"):
+        Lock(client, "x", replicas=-1)
+    with pytest.raises(TypeError, match="replicas"):
+        Lock(client, "x", replicas=True)
+    with pytest.raises(ValueError, match="replica_timeout"):
+        Lock(client, "x", replicas=1, replica_timeout=0)
+    with pytest.raises(TypeError, match="replica_fsync"):
+        Lock(client, "x", replica_fsync=1)  # type: ignore[arg-type]

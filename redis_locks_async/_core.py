@@ -605,6 +605,8 @@ class LockBase:
         call = self._policy.renew(hold.owner, hold.lease)
         waits = ("WAITAOF", 0, wanted) if self._replica_fsync else ("WAIT", wanted)
         problem = ""
+        current = asyncio.current_task()
+        before = _cancelling(current)
         try:
             for _ in range(2):  # a second time if the server did not know the renewal script
                 pipe = runtime.topology.pipeline_for(call.keys[0])
@@ -616,6 +618,8 @@ class LockBase:
                 if not isinstance(renewed, NoScriptError):
                     break
                 await runtime.topology.client.script_load(call.script.source)
+            if _cancelling(current) > before:
+                raise asyncio.CancelledError()  # swallowed by redis-py on its way out
             if isinstance(renewed, BaseException) or isinstance(acked, BaseException):
                 error = renewed if isinstance(renewed, BaseException) else acked
                 problem = f"the replica sync failed: {error}"

@@ -114,6 +114,31 @@ async def test_replica_sync_refuses_an_acquisition_no_replica_has(pair: Pair) ->
         await client.aclose()
 
 
+async def test_cancelled_during_replica_sync_holds_nothing(pair: Pair) -> None:
+    """Cancelling an acquisition while it waits for its replicas gives the lock up: the
+    caller gets its ``CancelledError`` and no ghost holds the lock."""
+    client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    try:
+        await asyncio.to_thread(pair.cut_replica)
+        lock = Lock(client, "s4:cancelled", replicas=1, replica_timeout=5.0)
+
+        async def take() -> None:
+            await lock.acquire(blocking=False)
+
+        task = asyncio.create_task(take())
+        await asyncio.sleep(0.3)  # the lock is taken; WAIT is waiting for the replica
+        assert await lock.locked()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _introspect.drain(client)
+        assert not await lock.locked()
+        assert not _introspect.held_leases(client)
+    finally:
+        pair.replica.resume()
+        await client.aclose()
+
+
 async def test_replica_sync_reports_the_acknowledgements(pair: Pair) -> None:
     """With a live replica the acquisition succeeds and the lease says how many replicas
     acknowledged it; the replica has the lock. Handed-over acquisitions are synced too."""

@@ -12,6 +12,8 @@
 -- ARGV[3]  entry id (mode "entry")
 -- ARGV[4]  channel to announce on
 -- ARGV[5]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
+-- ARGV[6]  optional: "1" to announce "f:1" on every free, also with nobody registered
+--          (RedLock: its waiters never register, they re-attempt on any announcement)
 -- returns  {1, count}  ARGV[1] still holds the lock, count holds
 --          {0, 0}      released (freed or handed over) — also when this very release already
 --                      ran (a retrying client sent it again), or there was nothing to abandon
@@ -48,6 +50,8 @@ if mode == 'abandon' then
     mark_done(done, me, now)
 end
 if waiting and not hand_over(lock, meta, queue, channel, sharded, now or now_us()) then
+    announce(channel, sharded, 'f:1')
+elseif not waiting and ARGV[6] == '1' then
     announce(channel, sharded, 'f:1')
 end
 return {0, 0}

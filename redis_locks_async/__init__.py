@@ -10,6 +10,7 @@ from ._fair import FairLock as FairLock
 from ._lease import HoldState as HoldState
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
+from ._redlock import RedLock as RedLock
 from ._rwlock import ReadWriteLock as ReadWriteLock
 from ._semaphore import Semaphore as Semaphore
 
@@ -27,5 +28,6 @@ __all__ = (
     "LockStatistics",
     "LockTimeout",
     "ReadWriteLock",
+    "RedLock",
     "Semaphore",
 )

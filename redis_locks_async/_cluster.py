@@ -41,7 +41,7 @@ from redis.exceptions import (
 )
 
 from ._errors import LockError
-from ._runtime import is_transient
+from ._runtime import transient_error
 from ._scripts import Call
 
 __all__ = ("Cluster",)
@@ -94,7 +94,7 @@ class Cluster:
     def transient(self, exc: BaseException) -> bool:
         """Standalone's transient errors, plus redirections, ``TRYAGAIN`` and a cluster that
         is down for now (a failover in progress)."""
-        return isinstance(exc, _CLUSTER_TRANSIENT) or is_transient(exc)
+        return isinstance(exc, _CLUSTER_TRANSIENT) or transient_error(exc)
 
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """Run ``calls`` in one pipeline per node, concurrently, each bounded by ``bound``

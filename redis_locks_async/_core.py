@@ -215,6 +215,12 @@ class Policy(ABC):
         A read side refuses the write side of the same lock here, for instance."""
         return None
 
+    def margin(self, lease: float) -> float:
+        """Seconds by which the local estimate of a lease's end is kept short of the server's,
+        for a lease of ``lease`` seconds (0 for one server; a quorum of masters allows for
+        clock drift between them)."""
+        return 0.0
+
     @abstractmethod
     def attempt(self, a: Attempt) -> Call:
         """Take the lock for ``a.owner`` if it may be taken now; with ``a.wait``, register to be
@@ -1125,20 +1131,23 @@ class LockBase:
         expires_at: float,
         confirm: bool,
     ) -> Hold:
+        policy = self._policy
+        margin = policy.margin(self._lease)
         hold = Hold(
-            key=self._policy.hold_key,
+            key=policy.hold_key,
             name=self._name,
             owner=owner,
             fencing_token=token,
             lease=self._lease,
             auto_renew=self._auto_renew,
-            expires_at=expires_at,
+            expires_at=expires_at - margin,
             task=task,
             renew=self._policy.renew,
             on_lost=self._on_lost,
             spawn=runtime.spawn,
             confirm=confirm,
             counters=self._counters,
+            margin=policy.margin if margin else None,
         )
         self._counters.acquisitions += 1
         if confirm:
@@ -1325,9 +1334,7 @@ class LockBase:
         while True:
             try:
                 call = self._policy.release(hold.owner, "entry", entry, sharded)
-                status, _ = ints(
-                    await _bounded(call.run(self._redis), _release_deadline(hold)), 2
-                )
+                status, _ = ints(await _bounded(call.run(self._redis), _release_deadline(hold)), 2)
                 break
             except MaxConnectionsError:
                 await asyncio.sleep(_POOL_BACKOFF[-1])

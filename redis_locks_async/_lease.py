@@ -67,6 +67,7 @@ class Hold:
         "lease",
         "loop",
         "lost_reason",
+        "margin",
         "name",
         "next_entry",
         "on_lost",
@@ -99,6 +100,7 @@ class Hold:
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         confirm: bool = False,
         counters: _LossCounter | None = None,
+        margin: Callable[[float], float] | None = None,
     ) -> None:
         self.key = key
         self.name = name
@@ -107,6 +109,9 @@ class Hold:
         self.lease = lease
         self.auto_renew = auto_renew
         self.loop = asyncio.get_running_loop()
+        # Seconds the local estimate of the lease's end is kept short of the server's, for a
+        # lease of the given length (RedLock: the allowance for clock drift between masters).
+        self.margin = margin
         self.expires_at = expires_at
         # A hand-over grants a claim window only: the first renewal (the confirmation) is due now.
         self.confirm = confirm
@@ -166,6 +171,8 @@ class Hold:
             self.lease = lease
         self.confirm = False
         self.expires_at = sent_at + self.lease
+        if self.margin is not None:
+            self.expires_at -= self.margin(self.lease)
         self.renew_at = sent_at + self.lease / 3 if self.auto_renew else self.expires_at
 
     def server_ttl(self, sent_at: float, ttl: float) -> None:

@@ -33,14 +33,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, final
+from typing import Any, Final, Protocol, final
 
 from redis.exceptions import RedisError
 
 from ._errors import LockError
 from ._parking import ParkingLot, decode
 
-__all__ = ("PING_AFTER", "PING_TIMEOUT", "SubscriptionHub")
+__all__ = ("PING_AFTER", "PING_TIMEOUT", "Hub", "SubscriptionHub")
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -57,14 +57,52 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+class Hub(Protocol):
+    """What the core and the runtime use of a hub: :class:`SubscriptionHub`, or a topology's
+    own (several servers' hubs delivering to one lot per channel, for ``RedLock``)."""
+
+    @property
+    def waiting(self) -> int:
+        """How many local waiters are queued, over all channels."""
+
+    @property
+    def long_lived(self) -> set[asyncio.Task[None]]:
+        """The hub's own long-running tasks (not clean-ups)."""
+
+    def waiters(self, channel: str) -> int:
+        """How many local waiters are queued on ``channel``."""
+
+    def lots(self) -> list[ParkingLot]:
+        """Every parking lot."""
+
+    def lot(self, channel: str, active: int = 1) -> ParkingLot:
+        """The parking lot of ``channel`` (subscribing it); release with :meth:`done_with`."""
+
+    def done_with(self, channel: str) -> None:
+        """A waiter left ``channel``'s lot."""
+
+    async def subscribed(self, channel: str, deadline: float | None) -> bool:
+        """Wait until ``channel`` is subscribed; ``False`` when ``deadline`` passed first."""
+
+    def wake_all(self) -> None:
+        """Wake every local waiter (closing)."""
+
+    async def wait_empty(self, timeout: float) -> None:
+        """Return once no waiter is queued, or after ``timeout`` seconds."""
+
+    async def aclose(self) -> None:
+        """Stop listening and close the connection(s)."""
+
+
 @final
 class _Channel:
-    __slots__ = ("asked_at", "confirmed", "lot")
+    __slots__ = ("asked_at", "confirmed", "linger", "lot")
 
     def __init__(self, lot: ParkingLot, loop: asyncio.AbstractEventLoop) -> None:
         self.lot = lot
         self.confirmed: asyncio.Future[None] = loop.create_future()
         self.asked_at: float | None = None  # when the pending subscription was sent
+        self.linger: asyncio.TimerHandle | None = None  # set while nobody waits
 
 
 @final
@@ -107,33 +145,51 @@ class SubscriptionHub:
         """Every parking lot (one per subscribed channel)."""
         return [entry.lot for entry in self._channels.values()]
 
-    def lot(self, channel: str, active: int = 1) -> ParkingLot:
+    def lot(self, channel: str, active: int = 1, *, shared: ParkingLot | None = None) -> ParkingLot:
         """The parking lot of ``channel``, created (and its subscription started) if needed.
 
-        The caller must :meth:`done_with` it when its waiter left.
+        ``shared``: the lot to use if the channel is new here (hubs of several servers that
+        announce the same lock deliver to one lot). The caller must :meth:`done_with` it when
+        its waiter left.
         """
         entry = self._channels.get(channel)
         if entry is None:
             if self._closing:
                 raise LockError("the redis client was closed; create a new client to use locks")
-            entry = self._channels[channel] = _Channel(ParkingLot(active), self._loop)
+            lot = shared if shared is not None else ParkingLot(active)
+            entry = self._channels[channel] = _Channel(lot, self._loop)
             self._request(self._subscribe_one(channel))
-        elif entry.lot.linger is not None:
-            entry.lot.linger.cancel()
-            entry.lot.linger = None
+        elif entry.linger is not None:
+            entry.linger.cancel()
+            entry.linger = None
         return entry.lot
+
+    def existing_lot(self, channel: str) -> ParkingLot | None:
+        """The parking lot of ``channel`` if the channel is subscribed here (no creation)."""
+        entry = self._channels.get(channel)
+        return entry.lot if entry is not None else None
+
+    def confirmation(self, channel: str) -> asyncio.Future[None]:
+        """The future that resolves when ``channel``'s subscription is confirmed (the
+        channel's lot must exist; a reset replaces the future once it has resolved)."""
+        return self._channels[channel].confirmed
+
+    @property
+    def long_lived(self) -> set[asyncio.Task[None]]:
+        """The hub's own long-running tasks (the listener), not clean-ups."""
+        return set() if self._listener is None else {self._listener}
 
     def done_with(self, channel: str) -> None:
         """A waiter left ``channel``'s lot: unsubscribe (after a linger) once the lot is empty."""
         entry = self._channels.get(channel)
         if self._emptied is not None and not self._emptied.done() and not self.waiting:
             self._emptied.set_result(None)
-        if entry is None or len(entry.lot) or entry.lot.linger is not None:
+        if entry is None or len(entry.lot) or entry.linger is not None:
             return
         if self._closing:
             self._drop(channel)
         else:
-            entry.lot.linger = self._loop.call_later(_LINGER, self._expire, channel, entry)
+            entry.linger = self._loop.call_later(_LINGER, self._expire, channel, entry)
 
     def _expire(self, channel: str, entry: _Channel) -> None:
         if self._channels.get(channel) is entry and not len(entry.lot):
@@ -141,9 +197,9 @@ class SubscriptionHub:
 
     def _drop(self, channel: str) -> None:
         entry = self._channels.pop(channel)
-        if entry.lot.linger is not None:
-            entry.lot.linger.cancel()
-            entry.lot.linger = None
+        if entry.linger is not None:
+            entry.linger.cancel()
+            entry.linger = None
         if not entry.confirmed.done():
             entry.confirmed.cancel()
         if not self._closing:
@@ -331,9 +387,9 @@ class SubscriptionHub:
         """Stop listening and close the pub/sub connection."""
         self._closing = True
         for entry in self._channels.values():
-            if entry.lot.linger is not None:
-                entry.lot.linger.cancel()
-                entry.lot.linger = None
+            if entry.linger is not None:
+                entry.linger.cancel()
+                entry.linger = None
             if not entry.confirmed.done():
                 entry.confirmed.cancel()
         self.wake_all()

@@ -146,13 +146,12 @@ def _wake(signal: asyncio.Future[None]) -> None:
 class ParkingLot:
     """The waiters of one lock in this process, in arrival order (module docstring)."""
 
-    __slots__ = ("_active", "by_owner", "linger", "queue")
+    __slots__ = ("_active", "by_owner", "queue")
 
     def __init__(self, active: int = 1) -> None:
         self.queue: deque[Waiter] = deque()
         self.by_owner: dict[str, Waiter] = {}
         self._active = active
-        self.linger: asyncio.TimerHandle | None = None  # set by the hub while nobody waits
 
     def __len__(self) -> int:
         return len(self.queue)

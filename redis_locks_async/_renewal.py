@@ -42,7 +42,6 @@ _IDLE_LINGER: Final = 10.0  # seconds the keeper task outlives its last hold
 _MIN_BOUND: Final = 0.05  # the shortest time a renewal round trip is given
 
 
-
 def _due_at(hold: Hold) -> float:
     """When the keeper must look at ``hold``: its renewal (or confirmation), or the expiry of
     a lease that is not renewed."""

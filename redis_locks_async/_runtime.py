@@ -43,7 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
 from ._lease import Hold
-from ._notify import SubscriptionHub
+from ._notify import Hub, SubscriptionHub
 from ._renewal import LeaseKeeper
 from ._scripts import Call
 
@@ -51,10 +51,12 @@ __all__ = (
     "Runtime",
     "Standalone",
     "Topology",
-    "is_transient",
+    "close_with",
+    "existing_runtime",
     "new_owner_id",
     "runtime_for",
     "topology_for",
+    "transient_error",
 )
 
 logger = logging.getLogger("redis_locks_async")
@@ -140,8 +142,8 @@ class Standalone:
         return self.client.pubsub()
 
     def transient(self, exc: BaseException) -> bool:
-        """See :func:`is_transient`."""
-        return is_transient(exc)
+        """See :func:`transient_error`."""
+        return transient_error(exc)
 
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """One pipeline (one round trip)."""
@@ -161,9 +163,10 @@ class Standalone:
         return self.client.pipeline(transaction=False)
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Connection trouble, timeouts, a demoted master (``READONLY``), and a server that is busy
-    for now (a long script, loading its data set): worth retrying."""
+def transient_error(exc: BaseException) -> bool:
+    """Whether a server's error is worth retrying: connection trouble, timeouts, a demoted
+    master (``READONLY``), and a server that is busy for now (a long script, loading its data
+    set)."""
     return isinstance(exc, _TRANSIENT) or (
         isinstance(exc, ResponseError) and str(exc).startswith(_BUSY)
     )
@@ -223,7 +226,7 @@ class Runtime:
         # to end (created only when someone does).
         self.trying: dict[str, asyncio.Future[None] | None] = {}
         self.keeper = LeaseKeeper(topology, self.spawn)
-        self._hubs: dict[Hashable, SubscriptionHub] = {}
+        self._hubs: dict[Hashable, Hub] = {}
 
     # -- background tasks --------------------------------------------------------------------
 
@@ -266,7 +269,8 @@ class Runtime:
 
     def _cleanups(self) -> list[asyncio.Task[Any]]:
         long_lived = {self.keeper.task, asyncio.current_task()}
-        long_lived |= {hub._listener for hub in self._hubs.values()}
+        for hub in self._hubs.values():
+            long_lived |= hub.long_lived
         return [task for task in self._tasks if task not in long_lived and not task.done()]
 
     @property
@@ -282,17 +286,22 @@ class Runtime:
 
     # -- pub/sub -----------------------------------------------------------------------------
 
-    def hub(self, channel: str) -> SubscriptionHub:
-        """The subscription hub of the node that serves ``channel``."""
+    def hub(self, channel: str) -> Hub:
+        """The subscription hub of the node that serves ``channel`` (a topology may build its
+        own with ``make_hub(node, spawn)``: N masters listen on every master)."""
         node = self.topology.node_of(channel)
         hub = self._hubs.get(node)
         if hub is None:
             if self.closed:
                 raise LockError("the redis client was closed; create a new client to use locks")
             topology = self.topology
-            hub = self._hubs[node] = SubscriptionHub(
-                lambda: topology.pubsub(node), self.spawn, sharded=topology.sharded
-            )
+            make_hub = getattr(topology, "make_hub", None)
+            if make_hub is not None:
+                hub = self._hubs[node] = make_hub(node, self.spawn)
+            else:
+                hub = self._hubs[node] = SubscriptionHub(
+                    lambda: topology.pubsub(node), self.spawn, sharded=topology.sharded
+                )
         return hub
 
     def end_try(self, channel: str) -> None:
@@ -319,7 +328,7 @@ class Runtime:
         # the channel needs its slot map, which the first attempt on the lock loads.
         return any(hub.waiters(channel) > 0 for hub in self._hubs.values())
 
-    def hubs(self) -> list[SubscriptionHub]:
+    def hubs(self) -> list[Hub]:
         """Every subscription hub of this runtime."""
         return list(self._hubs.values())
 
@@ -392,6 +401,19 @@ def existing_runtime(client: Any) -> Runtime | None:
     return runtime if runtime is not None and runtime.loop is loop else None
 
 
+_ALSO_CLOSE: weakref.WeakKeyDictionary[Any, list[Callable[[], Coroutine[Any, Any, None]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def close_with(client: Any, closer: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``closer`` when ``client`` is closed (before the client's own close), as its own
+    runtime is: a runtime built over several clients (``RedLock``'s masters) closes with any
+    of them."""
+    _ALSO_CLOSE.setdefault(client, []).append(closer)
+    _hook_close(client)
+
+
 def _hook_close(client: Any) -> None:
     if getattr(client, _HOOKED, False):
         return
@@ -403,6 +425,8 @@ def _hook_close(client: Any) -> None:
         runtime = existing_runtime(target) if target is not None else None
         if runtime is not None:
             await runtime.aclose()
+        for closer in list(_ALSO_CLOSE.get(target, ())) if target is not None else []:
+            await closer()
         await original(*args, **kwargs)
 
     client.aclose = aclose

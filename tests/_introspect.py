@@ -179,3 +179,9 @@ async def until_registered(
             await asyncio.sleep(0.005)
 
     await asyncio.wait_for(poll(), within)
+
+
+def redlock_client(lock: Any) -> Any:
+    """The client object a ``RedLock``'s state lives under (its fan-out over the masters): pass
+    it to the other functions here."""
+    return lock._redis

@@ -1,6 +1,8 @@
 """A lock-holding worker process for the cross-process fault tests (``tests/test_lock_faults.py``).
 
-Run as ``python -m tests._lockworker --url URL --name NAME [--lease S] MODE``:
+Run as ``python -m tests._lockworker --url URL --name NAME [--lease S] MODE``, or with
+``--redlock URL1,URL2,URL3`` instead of ``--url`` to use a ``RedLock`` over those masters
+(``tests/test_redlock.py``):
 
 ``hold``
     Acquire the lock, print ``held <fencing token>`` (flushed), then sleep until killed. The
@@ -29,12 +31,29 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lock
+from redis_locks_async import Lock, RedLock
+
+
+class _Clients:
+    """The client(s) of one worker: one server (``--url``) or N masters (``--redlock``)."""
+
+    def __init__(self, url: str) -> None:
+        self.redlock = url.startswith("redlock:")
+        urls = url.removeprefix("redlock:").split(",")
+        self.clients = [aioredis.Redis.from_url(u) for u in urls]
+
+    def lock(self, name: str, lease: float, timeout: float | None = None) -> Lock | RedLock:
+        if self.redlock:
+            return RedLock(self.clients, name, lease=lease, timeout=timeout)
+        return Lock(self.clients[0], name, lease=lease, timeout=timeout)
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
 
 
 async def _hold(url: str, name: str, lease: float) -> None:
-    client = aioredis.Redis.from_url(url)
-    lock = Lock(client, name, lease=lease)
+    lock = _Clients(url).lock(name, lease=lease)
     await lock.acquire()
     held = lock.current_lease
     assert held is not None
@@ -43,8 +62,7 @@ async def _hold(url: str, name: str, lease: float) -> None:
 
 
 async def _wait(url: str, name: str, lease: float) -> None:
-    client = aioredis.Redis.from_url(url)
-    lock = Lock(client, name, lease=lease)
+    lock = _Clients(url).lock(name, lease=lease)
     print("waiting", flush=True)
     await lock.acquire()
     held = lock.current_lease
@@ -54,8 +72,8 @@ async def _wait(url: str, name: str, lease: float) -> None:
 
 
 async def _contend(url: str, name: str, lease: float, tasks: int, rounds: int) -> None:
-    client = aioredis.Redis.from_url(url)
-    lock = Lock(client, name, lease=lease, timeout=30)
+    clients = _Clients(url)
+    lock = clients.lock(name, lease=lease, timeout=30)
     records: list[tuple[int, int, int]] = []
 
     async def one_task() -> None:
@@ -70,7 +88,7 @@ async def _contend(url: str, name: str, lease: float, tasks: int, rounds: int) -
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)
     await asyncio.gather(*(one_task() for _ in range(tasks)))
-    await client.aclose()
+    await clients.aclose()
     for start, end, token in records:
         print(f"hold {start} {end} {token}")
     print("done", flush=True)
@@ -78,7 +96,9 @@ async def _contend(url: str, name: str, lease: float, tasks: int, rounds: int) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests._lockworker", description=__doc__)
-    parser.add_argument("--url", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url")
+    where.add_argument("--redlock", help="comma-separated URLs of independent masters")
     parser.add_argument("--name", required=True)
     parser.add_argument("--lease", type=float, default=30.0)
     modes = parser.add_subparsers(dest="mode", required=True)
@@ -88,12 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     contend.add_argument("--tasks", type=int, default=3)
     contend.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args(argv)
+    url = args.url if args.url is not None else "redlock:" + args.redlock
     if args.mode == "hold":
-        asyncio.run(_hold(args.url, args.name, args.lease))
+        asyncio.run(_hold(url, args.name, args.lease))
     elif args.mode == "wait":
-        asyncio.run(_wait(args.url, args.name, args.lease))
+        asyncio.run(_wait(url, args.name, args.lease))
     else:
-        asyncio.run(_contend(args.url, args.name, args.lease, args.tasks, args.rounds))
+        asyncio.run(_contend(url, args.name, args.lease, args.tasks, args.rounds))
     return 0
 
 

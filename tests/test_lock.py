@@ -36,6 +36,7 @@ def test_all_is_exactly_the_public_names() -> None:
         "LockStatistics",
         "LockTimeout",
         "ReadWriteLock",
+        "RedLock",
         "Semaphore",
     }
     for name in redis_locks_async.__all__:

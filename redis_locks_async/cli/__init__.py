@@ -104,4 +104,3 @@ def _duration(text: str) -> float:
     if not 0 < value <= 3600:  # also rejects nan
         raise argparse.ArgumentTypeError(f"must be > 0 and at most 3600 seconds, got {text}")
     return value
-

@@ -1,0 +1,640 @@
+"""N independent masters behind one client-like object: how ``RedLock`` reuses the core.
+
+The core runs a lock's scripts on "the client" of its topology (``Call.run(client)``,
+``client.pipeline()`` for the lease keeper). For ``RedLock`` that client is a :class:`FanOut`:
+every script call is sent to all N masters at once, each bounded by ``node_timeout``, and the
+N replies are folded into the one reply the script's contract promises — so the core's acquire,
+wait, cancel, renew and release logic runs unchanged, once, over the quorum.
+
+**A round** starts a task per master and decides as soon as the outcome is known: a quorum
+(``N // 2 + 1``) answered yes, or so many answered no (or failed, or timed out) that a quorum
+has become impossible. Stragglers are not waited for; they finish (or time out) in tracked
+background tasks.
+
+**Acquire** is the Redis documentation's algorithm. Every round writes a value of its own on
+the masters (``<owner id>:<round>``, unguessable because the owner id is), so the clean-up of a
+failed round can never delete what a later round of the same acquisition takes on a master
+whose replies arrive out of order. A round holds the lock if a quorum took it and time is left:
+validity = lease - elapsed - (lease·0.01 + 2 ms) on the monotonic clock. The core counts the
+lease from the moment it sent the attempt and keeps the drift allowance short of it (the
+policy's ``margin``), so the hold's local expiry *is* that validity: a slow master shortens it.
+A failed round is abandoned on **every** master — also those that answered no, failed or did
+not answer in time — in background tasks that retry a master until it confirms (for at most
+two leases and a few seconds: after that the master's copy has expired by itself). An abandon
+also fences the round's value on that master (``done``), so a straggling attempt that arrives
+after it is refused. The folded reply of a failed round tells the core when to try again: when
+enough of the other holder's keys expire to leave a quorum free, or — after a split vote or
+with masters unreachable — after a random delay (jittered retry).
+
+**Renew, re-enter, release** fold the same way: they count when a quorum confirmed; "lost"
+when more than N - quorum masters say the owner no longer holds the key; anything in between
+(masters unreachable) is a transient :class:`QuorumError`, which the core retries while the
+lease lasts, exactly as it retries a single server's connection errors. The lease keeper's
+pipeline becomes one pipeline per master per tick.
+
+**Waiting**: the hub of a ``FanOut`` runtime (:class:`MultiHub`) keeps one
+:class:`~._notify.SubscriptionHub` per master delivering into one parking lot per lock, so a
+release announced by any master wakes the waiters, and each master's connection has its own
+health check and reconnects on its own (a stopped master does not stall the others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
+from typing import Any, Final, final
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from ._errors import LockError
+from ._keys import LockKeys
+from ._lock import LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW
+from ._notify import SubscriptionHub
+from ._parking import ParkingLot
+from ._runtime import close_with, existing_runtime, transient_error
+from ._scripts import Call, EncodableArg, Script
+
+__all__ = ("LAYOUT", "FanOut", "Masters", "MultiHub", "QuorumError", "drift", "fan_out")
+
+LAYOUT: Final = "redlock"  # the key layout of a RedLock (its auxiliary keys and channel)
+RETRY_DELAY: Final = 0.1  # seconds, ±50 % at random: the pause after a split vote
+_SWEEP_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
+_SWEEP_PATIENCE: Final = 5.0  # seconds past two leases a clean-up keeps trying a master
+_PENDING: Final = object()
+
+_ROLES: Final[dict[str, tuple[Script, str]]] = {
+    LOCK_ACQUIRE.sha: (LOCK_ACQUIRE, "attempt"),
+    LOCK_REENTER.sha: (LOCK_REENTER, "reenter"),
+    LOCK_RELEASE.sha: (LOCK_RELEASE, "release"),
+    LOCK_RENEW.sha: (LOCK_RENEW, "renew"),
+}
+
+
+class QuorumError(RedisConnectionError):
+    """Too few masters answered to decide either way (transient: retried like a connection
+    error of one server)."""
+
+
+def drift(lease: float) -> float:
+    """The clock-drift allowance of a lease of ``lease`` seconds (the Redis documentation's
+    ``lease·0.01 + 2 ms``)."""
+    return lease * 0.01 + 0.002
+
+
+def _status(reply: object) -> int | None:
+    if isinstance(reply, list) and reply:
+        try:
+            return int(reply[0])
+        except (TypeError, ValueError):
+            return None
+    if isinstance(reply, int) and not isinstance(reply, bool):
+        return reply
+    return None
+
+
+def _took(reply: object) -> bool:
+    return _status(reply) == 1
+
+
+@final
+class _Owner:
+    """What one acquisition (an owner id of the core) reached on the masters."""
+
+    __slots__ = ("channel", "keys", "lease", "open", "value")
+
+    def __init__(self, keys: tuple[str | bytes, ...]) -> None:
+        self.keys = keys  # the lock's script keys (the clean-ups address them too)
+        self.channel = LockKeys.for_name(str(keys[0]), LAYOUT).channel
+        self.value: str | None = None  # the round's value that holds the quorum
+        self.open: set[str] = set()  # values that may be on some master (not swept yet)
+        self.lease = 0.0
+
+
+@final
+class FanOut:
+    """N masters behind the interface the core uses of one client (module docstring)."""
+
+    def __init__(self, masters: Sequence[Any], node_timeout: float) -> None:
+        self.masters = tuple(masters)
+        self.node_timeout = node_timeout
+        self.quorum = len(self.masters) // 2 + 1
+        self._owners: dict[str, _Owner] = {}
+        self._rounds = itertools.count()
+        self._tasks: set[asyncio.Task[Any]] = set()  # only when no runtime tracks them
+
+    def __repr__(self) -> str:
+        return f"<FanOut {len(self.masters)} masters quorum={self.quorum}>"
+
+    async def aclose(self) -> None:
+        """Close this fan-out's runtime (renewal, listeners, background tasks); the masters'
+        clients stay open (they are the caller's)."""
+        runtime = existing_runtime(self)
+        if runtime is not None:
+            await runtime.aclose()
+
+    # -- tasks and rounds ----------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        runtime = existing_runtime(self)
+        if runtime is not None:
+            return runtime.spawn(coro, report=False)
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _one(
+        self, master: Any, command: Callable[[Any], Awaitable[object]], timeout: float
+    ) -> object:
+        """One master's reply, or the error (a timeout included) in its place."""
+        try:
+            return await asyncio.wait_for(command(master), timeout)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            return exc
+
+    async def _round(
+        self, command: Callable[[Any], Awaitable[object]], yes: Callable[[object], bool]
+    ) -> tuple[bool, list[object]]:
+        """Send ``command`` to every master; return as soon as a quorum answered ``yes`` or
+        a quorum has become impossible, with the replies so far (``_PENDING`` for the rest)."""
+        count = len(self.masters)
+        tasks = [
+            self._spawn(self._one(master, command, self.node_timeout)) for master in self.masters
+        ]
+        index = {task: i for i, task in enumerate(tasks)}
+        results: list[object] = [_PENDING] * count
+        pending: set[asyncio.Task[Any]] = set(tasks)
+        ayes = nays = 0
+        while True:
+            if ayes >= self.quorum:
+                return True, results
+            if nays > count - self.quorum:
+                return False, results
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                result: object = (
+                    LockError("the redis client was closed") if task.cancelled() else task.result()
+                )
+                results[index[task]] = result
+                if yes(result):
+                    ayes += 1
+                else:
+                    nays += 1
+
+    def _owner(self, owner: str, keys: tuple[str | bytes, ...]) -> _Owner:
+        state = self._owners.get(owner)
+        if state is None:
+            state = self._owners[owner] = _Owner(keys)
+        return state
+
+    def _tidy(self, owner: str) -> None:
+        state = self._owners.get(owner)
+        if state is not None and state.value is None and not state.open:
+            del self._owners[owner]
+
+    # -- the client interface ------------------------------------------------------------------
+
+    async def execute_command(self, *args: EncodableArg) -> list[object]:
+        """Run one command on every master; each master's reply (or error), in order."""
+        return list(
+            await asyncio.gather(
+                *(
+                    self._one(m, lambda c: c.execute_command(*args), self.node_timeout)
+                    for m in self.masters
+                )
+            )
+        )
+
+    async def type(self, key: str | bytes) -> str:
+        """The type of ``key`` on the first master where it exists (to name a wrong-type
+        key in an error)."""
+        for reply in await self.execute_command("TYPE", key):
+            if isinstance(reply, BaseException):
+                continue
+            text = reply.decode() if isinstance(reply, bytes) else str(reply)
+            if text != "none":
+                return text
+        return "none"
+
+    async def holds_key(self, key: str) -> bool:
+        """Whether ``key`` exists on a quorum of masters (``QuorumError`` if too few answer)."""
+        held, results = await self._round(lambda c: c.exists(key), lambda r: r == 1)
+        if held:
+            return True
+        if sum(1 for r in results if r == 0) > len(self.masters) - self.quorum:
+            return False
+        raise _no_quorum(results, "inspect")
+
+    async def eval(self, script: str, numkeys: int, *keys_and_args: EncodableArg) -> object:
+        """Not used: each master loads the scripts itself (``EVALSHA`` falls back there)."""
+        raise LockError("RedLock runs only its own scripts (EVALSHA)")
+
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: EncodableArg) -> object:
+        """Run one of the lock scripts on the masters and fold the replies into the reply the
+        script's contract promises (module docstring)."""
+        entry = _ROLES.get(sha)
+        if entry is None:
+            raise LockError(f"RedLock cannot run script {sha}")
+        script, role = entry
+        keys = tuple(k for k in keys_and_args[:numkeys] if isinstance(k, (str, bytes)))
+        args = tuple(keys_and_args[numkeys:])
+        owner = str(args[0])
+        if role == "attempt":
+            return await self._attempt(script, keys, owner, args)
+        if role == "release":
+            return await self._release(script, keys, owner, args)
+        value = self._owners[owner].value if owner in self._owners else None
+        if value is None:
+            return [-1, 0, 0, 0] if role == "reenter" else 0
+        held, results = await self._round(lambda c: script.run(c, keys, (value, *args[1:])), _took)
+        if held:
+            if role == "renew":
+                return 1
+            replies = [r for r in results if _took(r)]
+            return [
+                1,
+                max(int(r[1]) for r in replies),  # type: ignore[index]
+                max(int(r[2]) for r in replies),  # type: ignore[index]
+                min(int(r[3]) for r in replies),  # type: ignore[index]
+            ]
+        gone = -1 if role == "reenter" else 0
+        if sum(1 for r in results if _status(r) == gone) > len(self.masters) - self.quorum:
+            return [-1, 0, 0, 0] if role == "reenter" else 0
+        raise _no_quorum(results, role)
+
+    def pipeline(self, transaction: bool = False) -> FanPipeline:
+        """A pipeline of renewals (what the lease keeper batches): one pipeline per master."""
+        return FanPipeline(self)
+
+    # -- acquire -------------------------------------------------------------------------------
+
+    async def _attempt(
+        self, script: Script, keys: tuple[str | bytes, ...], owner: str, args: tuple[Any, ...]
+    ) -> list[int]:
+        state = self._owner(owner, keys)
+        value = f"{owner}:{next(self._rounds)}"
+        state.open.add(value)
+        lease = int(args[1]) / 1000
+        state.lease = lease
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        held, results = await self._round(lambda c: script.run(c, keys, (value, *args[1:])), _took)
+        validity = lease - (loop.time() - started) - drift(lease)
+        if held and validity > 0:
+            state.value = value
+            replies = [r for r in results if _took(r)]
+            return [
+                1,
+                max(int(r[1]) for r in replies),  # type: ignore[index]
+                1,
+                min(int(r[3]) for r in replies),  # type: ignore[index]
+            ]
+        # A failed round: abandon it on every master, whatever each answered.
+        self._sweep(state, owner, value)
+        for result in results:
+            if isinstance(result, ResponseError) and not transient_error(result):
+                raise result  # a wrong-type key, a refused script: the caller must see it
+        for result in results:
+            if _status(result) == -2:
+                return [-2, 1, 0, 0]
+        return [0, 0, 0, self._retry_ms(results, lease)]
+
+    def _retry_ms(self, results: list[object], lease: float) -> int:
+        """When a failed round is worth repeating (module docstring), in milliseconds."""
+        held = sorted(
+            (int(r[3]) if int(r[3]) >= 0 else round(lease * 1000))  # type: ignore[index]
+            for r in results
+            if _status(r) == 0
+        )
+        excess = len(held) - (len(self.masters) - self.quorum)
+        if excess > 0:  # another owner holds a quorum: until enough of its keys expire
+            return held[excess - 1] + round(random.uniform(0, RETRY_DELAY) * 1000)
+        return round(random.uniform(0.5, 1.5) * RETRY_DELAY * 1000)
+
+    # -- release -------------------------------------------------------------------------------
+
+    async def _release(
+        self, script: Script, keys: tuple[str | bytes, ...], owner: str, args: tuple[Any, ...]
+    ) -> list[int]:
+        mode = str(args[1])
+        state = self._owners.get(owner)
+        if mode == "abandon":
+            if state is None:
+                return [0, 0]
+            state.value = None
+            sweeps = [self._sweep(state, owner, value) for value in list(state.open)]
+            if sweeps:
+                await asyncio.wait(sweeps, timeout=self.node_timeout)
+            return [0, 0]
+        value = state.value if state is not None else None
+        if state is None or value is None:
+            return [-1, 0]
+        wanted = 1 if mode == "entry" else 0
+        done, results = await self._round(
+            lambda c: script.run(c, keys, (value, *args[1:])), lambda r: _status(r) == wanted
+        )
+        if mode == "final":
+            # What did not answer is swept (the key ends by itself at the latest).
+            state.value = None
+            unsure = [i for i, r in enumerate(results) if _status(r) not in (0, -1)]
+            if unsure:
+                self._sweep(state, owner, value, unsure)
+            else:
+                state.open.discard(value)
+                self._tidy(owner)
+        if done:
+            if mode == "entry":
+                return [1, max(int(r[1]) for r in results if _status(r) == 1)]  # type: ignore[index]
+            return [0, 0]
+        if sum(1 for r in results if _status(r) == -1) > len(self.masters) - self.quorum:
+            return [-1, 0]
+        raise _no_quorum(results, "release")
+
+    def _sweep(
+        self, state: _Owner, owner: str, value: str, only: Sequence[int] | None = None
+    ) -> asyncio.Task[None]:
+        """Abandon ``value`` on the masters (all, or ``only`` those) in the background."""
+        return self._spawn(self._sweep_all(state, owner, value, only))
+
+    async def _sweep_all(
+        self, state: _Owner, owner: str, value: str, only: Sequence[int] | None
+    ) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + 2 * state.lease + _SWEEP_PATIENCE
+            masters = self.masters if only is None else [self.masters[i] for i in only]
+            await asyncio.gather(
+                *(self._sweep_one(m, state.keys, value, state.channel, give_up) for m in masters)
+            )
+        finally:
+            state.open.discard(value)
+            if self._owners.get(owner) is state:
+                self._tidy(owner)
+
+    async def _sweep_one(
+        self, master: Any, keys: tuple[str | bytes, ...], value: str, channel: str, until: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        args = (value, "abandon", "", channel, "0", "1")
+        patience = max(self.node_timeout, 0.25)
+        for delay in itertools.chain(_SWEEP_BACKOFF, itertools.repeat(_SWEEP_BACKOFF[-1])):
+            reply = await self._one(master, lambda c: LOCK_RELEASE.run(c, keys, args), patience)
+            if not isinstance(reply, BaseException) or loop.time() + delay >= until:
+                return
+            await asyncio.sleep(delay)
+
+    # -- renewal (the keeper's pipelines) ------------------------------------------------------
+
+    async def renew_batch(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[object]:
+        """Fold a batch of renewals (``(sha, keys and args)``) over one pipeline per master:
+        1 where a quorum renewed, 0 where the lease is known lost, else a ``QuorumError``."""
+        values: list[str | None] = []
+        for sha, keys_and_args in calls:
+            owner = str(keys_and_args[1])  # renew: KEYS = (name,), ARGV = (owner, lease ms)
+            state = self._owners.get(owner)
+            values.append(state.value if state is not None and sha == LOCK_RENEW.sha else None)
+        live = [i for i, value in enumerate(values) if value is not None]
+
+        async def one(master: Any) -> list[object]:
+            pipe = master.pipeline(transaction=False)
+            for i in live:
+                keys_and_args = calls[i][1]
+                pipe.evalsha(LOCK_RENEW.sha, 1, keys_and_args[0], values[i], keys_and_args[2])
+            replies: list[object] = await pipe.execute(raise_on_error=False)
+            if any(isinstance(r, NoScriptError) for r in replies):
+                await master.script_load(LOCK_RENEW.source)
+                replies = await pipe.execute(raise_on_error=False)
+            return replies
+
+        per_master: list[object] = []
+        if live:
+            per_master = list(
+                await asyncio.gather(*(self._one(m, one, self.node_timeout) for m in self.masters))
+            )
+        folded: list[object] = [0] * len(calls)
+        for slot, i in enumerate(live):
+            replies = [
+                r[slot] if isinstance(r, list) and len(r) == len(live) else r for r in per_master
+            ]
+            if sum(1 for r in replies if _status(r) == 1) >= self.quorum:
+                folded[i] = 1
+            elif sum(1 for r in replies if _status(r) == 0) > len(self.masters) - self.quorum:
+                folded[i] = 0
+            else:
+                folded[i] = _no_quorum(replies, "renew")
+        return folded
+
+
+def _no_quorum(results: list[object], action: str) -> QuorumError:
+    answered = sum(1 for r in results if r is not _PENDING and not isinstance(r, BaseException))
+    errors = [repr(r) for r in results if isinstance(r, BaseException)]
+    detail = f"; errors: {', '.join(errors[:3])}" if errors else ""
+    return QuorumError(
+        f"no quorum to {action}: {answered} of {len(results)} masters answered in time{detail}"
+    )
+
+
+@final
+class FanPipeline:
+    """Collects the lease keeper's renewals for :meth:`FanOut.renew_batch`."""
+
+    __slots__ = ("_calls", "_fan")
+
+    def __init__(self, fan: FanOut) -> None:
+        self._fan = fan
+        self._calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: EncodableArg) -> FanPipeline:
+        """Queue one renewal."""
+        self._calls.append((sha, keys_and_args))
+        return self
+
+    async def execute(self, raise_on_error: bool = True) -> list[object]:
+        """Run the queued renewals on every master (errors are returned, never raised)."""
+        return await self._fan.renew_batch(self._calls)
+
+
+# -- waiting: one hub per master, one lot per lock ---------------------------------------------
+
+
+@final
+class MultiHub:
+    """The hub of a :class:`FanOut` runtime: a :class:`SubscriptionHub` per master, all
+    delivering into one parking lot per channel; a channel counts as subscribed once any
+    master confirmed it (a release is announced by every master that had the key)."""
+
+    __slots__ = ("_closing", "_hubs", "_loop")
+
+    def __init__(
+        self,
+        masters: Sequence[Any],
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+    ) -> None:
+        self._hubs = [SubscriptionHub(_pubsub_of(master), spawn) for master in masters]
+        self._loop = asyncio.get_running_loop()
+        self._closing = False
+
+    @property
+    def waiting(self) -> int:
+        """How many local waiters are queued, over all channels."""
+        return sum(len(lot) for lot in self.lots())
+
+    @property
+    def long_lived(self) -> set[asyncio.Task[None]]:
+        """Every master's listener."""
+        tasks: set[asyncio.Task[None]] = set()
+        for hub in self._hubs:
+            tasks |= hub.long_lived
+        return tasks
+
+    @property
+    def reconnects(self) -> int:
+        """Pub/sub reconnections, over all masters."""
+        return sum(hub.reconnects for hub in self._hubs)
+
+    def waiters(self, channel: str) -> int:
+        """How many local waiters are queued on ``channel``."""
+        return max(hub.waiters(channel) for hub in self._hubs)
+
+    def lots(self) -> list[ParkingLot]:
+        """Every parking lot (each once)."""
+        seen: dict[int, ParkingLot] = {}
+        for hub in self._hubs:
+            for lot in hub.lots():
+                seen.setdefault(id(lot), lot)
+        return list(seen.values())
+
+    def lot(self, channel: str, active: int = 1) -> ParkingLot:
+        """The one parking lot of ``channel``, subscribed on every master."""
+        shared = None
+        for hub in self._hubs:
+            shared = hub.existing_lot(channel)
+            if shared is not None:
+                break
+        if shared is None:
+            shared = ParkingLot(active)
+        for hub in self._hubs:
+            hub.lot(channel, active, shared=shared)
+        return shared
+
+    def done_with(self, channel: str) -> None:
+        """A waiter left ``channel``'s lot."""
+        for hub in self._hubs:
+            hub.done_with(channel)
+
+    async def subscribed(self, channel: str, deadline: float | None) -> bool:
+        """Wait until some master confirmed ``channel``; ``False`` once ``deadline`` passed."""
+        while True:
+            confirmations = [hub.confirmation(channel) for hub in self._hubs]
+            if any(f.done() and not f.cancelled() for f in confirmations):
+                return True
+            if self._closing:
+                raise LockError("the redis client was closed; create a new client to use locks")
+            left = None if deadline is None else deadline - self._loop.time()
+            if left is not None and left <= 0:
+                return False
+            await asyncio.wait(confirmations, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+
+    def wake_all(self) -> None:
+        """Wake every local waiter (closing)."""
+        for hub in self._hubs:
+            hub.wake_all()
+
+    async def wait_empty(self, timeout: float) -> None:
+        """Return once no waiter is queued, or after ``timeout`` seconds."""
+        await asyncio.gather(*(hub.wait_empty(timeout) for hub in self._hubs))
+
+    async def aclose(self) -> None:
+        """Close every master's pub/sub connection."""
+        self._closing = True
+        await asyncio.gather(*(hub.aclose() for hub in self._hubs))
+
+
+def _pubsub_of(master: Any) -> Callable[[], Any]:
+    return lambda: master.pubsub()
+
+
+@final
+class Masters:
+    """The topology of N independent masters (a ``RedLock``): the core's client is the
+    :class:`FanOut`; announcements are plain pub/sub on every master."""
+
+    __slots__ = ("_fan",)
+
+    def __init__(self, fan: FanOut) -> None:
+        self._fan = weakref.ref(fan)  # the runtime is keyed by the fan-out (weakly)
+
+    @property
+    def client(self) -> FanOut:
+        """The fan-out."""
+        fan = self._fan()
+        if fan is None:
+            raise LockError("the RedLock's masters were garbage-collected")
+        return fan
+
+    @property
+    def sharded(self) -> bool:
+        """Masters are standalone servers: plain pub/sub."""
+        return False
+
+    def node_of(self, channel: str) -> Hashable:
+        """One (multi-master) hub serves every channel."""
+        return None
+
+    def pubsub(self, node: Hashable) -> Any:
+        """Not used: :meth:`make_hub` listens on every master."""
+        raise LockError("a RedLock listens through its MultiHub")
+
+    def make_hub(
+        self, node: Hashable, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
+    ) -> MultiHub:
+        """A hub that listens on every master."""
+        return MultiHub(self.client.masters, spawn)
+
+    def transient(self, exc: BaseException) -> bool:
+        """As for one server; a :class:`QuorumError` is a connection error."""
+        return transient_error(exc)
+
+    async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
+        """One pipeline per master (:meth:`FanOut.renew_batch`), counted on a quorum."""
+        pipe = self.client.pipeline()
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        try:
+            return await asyncio.wait_for(pipe.execute(raise_on_error=False), bound)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            return [exc] * len(calls)
+
+    async def aclose(self) -> None:
+        """The fan-out closes with its masters' clients (:func:`fan_out`)."""
+
+    def pipeline_for(self, key: str | bytes) -> Any:
+        """Replica sync is per server; a RedLock's safety comes from its quorum instead."""
+        raise LockError("replica sync (replicas=) is not available for a RedLock")
+
+
+_FANOUTS: weakref.WeakValueDictionary[tuple[Hashable, ...], FanOut] = weakref.WeakValueDictionary()
+
+
+def fan_out(masters: Sequence[Any], node_timeout: float) -> FanOut:
+    """The fan-out over ``masters`` (in this order) with ``node_timeout``: one per set, so
+    that ``RedLock`` objects over the same masters share their holds (re-entry) and their
+    pub/sub connections."""
+    key = (*(id(m) for m in masters), node_timeout)
+    fan = _FANOUTS.get(key)
+    if fan is None:
+        fan = _FANOUTS[key] = FanOut(masters, node_timeout)
+        ref = weakref.ref(fan)
+
+        async def close() -> None:
+            target = ref()
+            if target is not None:
+                await target.aclose()
+
+        for master in masters:
+            close_with(master, close)
+    return fan

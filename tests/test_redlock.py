@@ -1,0 +1,585 @@
+"""``RedLock`` over 3 and 5 real, independent masters (SPEC §4 RedLock; issue 8).
+
+Five server processes are started once for the module; a test over three uses the first three.
+Faults are real: a master killed (SIGKILL), stopped (SIGSTOP, always continued in a
+``finally``), restarted empty, or blackholed / slowed by ``tests/faultproxy.py``. After each test
+every master is running again (``_heal``). Leases are short (about a second) where expiry or
+renewal is the point, so the module stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import sys
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from redis_locks_async import LockLostError, LockNotOwnedError, LockTimeout, RedLock
+from redis_locks_async._redlock import EvenMastersWarning
+from tests import _introspect as introspect
+from tests.conftest import ProxyFactory
+from tests.faultproxy import FaultProxy
+from tests.servers import ServerProcess
+
+REPO = Path(__file__).resolve().parent.parent
+MASTERS = 5
+
+Clients = Callable[..., list[aioredis.Redis]]
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures and helpers
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def masters(server_binary: Path) -> Iterator[list[ServerProcess]]:
+    """Five independent masters for the module (tests over three use the first three)."""
+    procs = [ServerProcess(server_binary) for _ in range(MASTERS)]
+    try:
+        for proc in procs:
+            proc.start()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _heal(masters: list[ServerProcess]) -> Iterator[None]:
+    """Every master runs again after each test (resumed, or restarted empty if it died)."""
+    try:
+        yield
+    finally:
+        for proc in masters:
+            proc.ensure_running()
+
+
+@pytest.fixture
+async def clients(masters: list[ServerProcess]) -> AsyncIterator[Clients]:
+    """``clients(n)``: a fresh client per master for the first ``n`` masters (or for the
+    ``urls`` given); all closed at teardown."""
+    opened: list[aioredis.Redis] = []
+
+    def open_clients(n: int = 3, urls: Sequence[str] | None = None) -> list[aioredis.Redis]:
+        chosen = list(urls) if urls is not None else [proc.url for proc in masters[:n]]
+        made = [aioredis.Redis.from_url(url, socket_connect_timeout=1.0) for url in chosen]
+        opened.extend(made)
+        return made
+
+    try:
+        yield open_clients
+    finally:
+        for client in opened:
+            await client.aclose()
+
+
+@pytest.fixture
+async def proxies(masters: list[ServerProcess], proxy_factory: ProxyFactory) -> list[FaultProxy]:
+    """A fault proxy in front of each of the five masters."""
+    return [await proxy_factory(proc.host, proc.port) for proc in masters]
+
+
+@pytest.fixture
+async def inspectors(clients: Clients) -> list[aioredis.Redis]:
+    """Direct clients of all five masters, to look at the keys."""
+    return clients(MASTERS)
+
+
+async def until(predicate: Callable[[], Awaitable[bool] | bool], what: str, within: float) -> None:
+    """Wait until ``predicate()`` holds (polled every 10 ms); fail naming ``what``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def holders(inspectors: Sequence[aioredis.Redis], name: str) -> list[str | None]:
+    """The owner value of ``name`` on each master (``None`` where the key is absent)."""
+    values = []
+    for client in inspectors:
+        try:
+            owner = await asyncio.wait_for(client.hget(name, "owner"), 1.0)
+        except (redis.RedisError, OSError, asyncio.TimeoutError):
+            owner = None
+        values.append(owner.decode() if isinstance(owner, bytes) else owner)
+    return values
+
+
+async def no_key_left(inspectors: Sequence[aioredis.Redis], name: str) -> bool:
+    return not any(await holders(inspectors, name))
+
+
+async def settle(lock: RedLock) -> None:
+    """The lock's background clean-ups finish; nothing is held or waited for any more."""
+    fan = introspect.redlock_client(lock)
+    await introspect.drain(fan, timeout=10.0)
+    assert introspect.pending_cleanups(fan) == 0
+    assert not introspect.held_leases(fan)
+    assert not introspect.local_waiters(fan)
+
+
+def elapsed_since(start: float) -> float:
+    return asyncio.get_running_loop().time() - start
+
+
+# --------------------------------------------------------------------------------------------
+# Validation (before any I/O)
+# --------------------------------------------------------------------------------------------
+
+
+class TestValidation:
+    def test_bad_masters(self, clients: Clients) -> None:
+        a, b, c = clients(3)
+        with pytest.raises(ValueError, match="at least one master"):
+            RedLock([], "x")
+        with pytest.raises(TypeError, match="list or tuple"):
+            RedLock(a, "x")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="same server"):
+            RedLock([a, b, a], "x")
+        twin = aioredis.Redis(
+            host=a.connection_pool.connection_kwargs["host"],
+            port=a.connection_pool.connection_kwargs["port"],
+        )
+        with pytest.raises(ValueError, match="same server"):
+            RedLock([a, b, twin], "x")
+        sync = redis.Redis()
+        try:
+            with pytest.raises(TypeError, match=r"redis\.asyncio"):
+                RedLock([a, b, sync], "x")
+        finally:
+            sync.close()
+        with pytest.raises(ValueError, match="empty"):
+            RedLock([a, b, c], "")
+
+    @pytest.mark.parametrize("bad", [0, -1.0, math.nan, 0.5, math.inf])
+    def test_bad_node_timeout(self, clients: Clients, bad: float) -> None:
+        with pytest.raises(ValueError, match="node_timeout"):
+            RedLock(clients(3), "x", lease=1.0, node_timeout=bad)
+
+    def test_node_timeout_type_and_default(self, clients: Clients) -> None:
+        with pytest.raises(TypeError, match="node_timeout"):
+            RedLock(clients(3), "x", node_timeout="1")  # type: ignore[arg-type]
+        assert RedLock(clients(3), "x", lease=30.0).node_timeout == 0.5
+        assert RedLock(clients(3), "x", lease=1.0).node_timeout == 0.05
+        lock = RedLock(clients(3), "x", lease=1.0, node_timeout=0.08)
+        assert lock.node_timeout == 0.08 and lock.quorum == 2 and len(lock.masters) == 3
+
+    def test_even_number_of_masters_warns(self, clients: Clients) -> None:
+        with pytest.warns(EvenMastersWarning, match="odd"):
+            RedLock(clients(4), "x")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            RedLock(clients(1), "x")  # one master is odd: no warning
+
+
+# --------------------------------------------------------------------------------------------
+# Quorum acquire, exclusion, re-entry, wake-up
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [3, 5])
+class TestQuorum:
+    async def test_acquire_sets_one_value_everywhere_and_release_clears(
+        self, clients: Clients, inspectors: list[aioredis.Redis], name: str, n: int
+    ) -> None:
+        lock = RedLock(clients(n), name, lease=5.0)
+        assert not await lock.locked()
+        async with lock as lease:
+            values = await holders(inspectors[:n], name)
+            assert values[0] is not None and len(values[0]) >= 32 + 2
+            assert len(set(values)) == 1, values  # one random value on every master
+            assert await lock.locked()
+            assert 0 < lease.remaining() <= 5.0 - (5.0 * 0.01 + 0.002)
+            assert lease.fencing_token > 0
+            assert not await RedLock(clients(n), name, lease=5.0).acquire(blocking=False)
+        assert await no_key_left(inspectors, name)
+        assert not await lock.locked()
+        await settle(lock)
+
+    async def test_two_client_sets_exclude_each_other(
+        self, clients: Clients, name: str, n: int
+    ) -> None:
+        locks = [RedLock(clients(n), name, lease=5.0, timeout=20) for _ in range(2)]
+        holds: list[tuple[float, float, int]] = []
+        loop = asyncio.get_running_loop()
+
+        async def worker(lock: RedLock) -> None:
+            for _ in range(8):
+                async with lock as lease:
+                    start = loop.time()
+                    await asyncio.sleep(0.002)
+                    holds.append((start, loop.time(), lease.fencing_token))
+
+        await asyncio.wait_for(
+            asyncio.gather(*(worker(lock) for lock in locks for _ in range(2))), 40
+        )
+        holds.sort()
+        for (_, end, token), (start, _, later) in itertools.pairwise(holds):
+            assert end <= start, "two holds overlapped"
+            assert token < later, "fencing tokens did not increase"
+        for lock in locks:
+            await settle(lock)
+
+    async def test_reentry_transfer_and_not_owned(
+        self, clients: Clients, inspectors: list[aioredis.Redis], name: str, n: int
+    ) -> None:
+        masters = clients(n)
+        lock = RedLock(masters, name, lease=5.0)
+        twin = RedLock(masters, name, lease=5.0)  # same masters: shares the local state
+        await lock.acquire()
+        assert await twin.acquire(blocking=False)  # re-entry through the other object
+        lease = lock.current_lease
+        assert lease is not None and lease.hold_count == 2
+        await twin.release()
+        await lock.release()
+        with pytest.raises(LockNotOwnedError):
+            await lock.release()
+
+        async with lock:
+            done = asyncio.Event()
+
+            async def finish() -> None:
+                await done.wait()
+                await lock.release()
+
+            worker = asyncio.create_task(finish())
+            lock.transfer(worker)
+        assert await lock.locked()  # leaving the block released nothing: the worker holds it
+        done.set()
+        await worker
+        assert await no_key_left(inspectors, name)
+        await settle(lock)
+
+    async def test_waiter_wakes_on_release_not_on_expiry(
+        self, clients: Clients, name: str, n: int
+    ) -> None:
+        holder = RedLock(clients(n), name, lease=10.0)
+        waiter = RedLock(clients(n), name, lease=10.0)
+        await holder.acquire()
+        loop = asyncio.get_running_loop()
+
+        async def wait() -> float:
+            assert await waiter.acquire(timeout=8)
+            got_at = loop.time()
+            await waiter.release()
+            return got_at
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0.3)  # the waiter subscribed and found it held
+        assert not task.done()
+        released_at = loop.time()
+        await holder.release()
+        got_at = await asyncio.wait_for(task, 5)
+        assert got_at - released_at < 1.5  # woken by an announcement, not the 10 s expiry
+        await settle(holder)
+        await settle(waiter)
+
+
+# --------------------------------------------------------------------------------------------
+# Masters down: killed, stopped, blackholed
+# --------------------------------------------------------------------------------------------
+
+FAULTS = ["kill", "stop", "blackhole"]
+CASES = [(3, 1, True), (3, 2, False), (5, 2, True), (5, 3, False)]
+
+
+class Down:
+    """Takes masters down one way, and brings them back."""
+
+    def __init__(self, how: str, procs: list[ServerProcess], proxies: list[FaultProxy]) -> None:
+        self.how, self.procs, self.proxies = how, procs, proxies
+        self.down: list[int] = []
+
+    def take(self, indices: Sequence[int]) -> None:
+        for i in indices:
+            self.down.append(i)
+            if self.how == "kill":
+                self.procs[i].kill()
+            elif self.how == "stop":
+                self.procs[i].pause()
+            else:
+                self.proxies[i].blackhole()
+
+    def restore(self) -> None:
+        for i in self.down:
+            if self.how == "blackhole":
+                self.proxies[i].heal()
+            else:
+                self.procs[i].ensure_running()
+        self.down.clear()
+
+
+class TestMastersDown:
+    @pytest.mark.parametrize("how", FAULTS)
+    @pytest.mark.parametrize(("n", "down", "acquires"), CASES)
+    async def test_acquires_while_a_majority_lives(
+        self,
+        masters: list[ServerProcess],
+        proxies: list[FaultProxy],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+        how: str,
+        n: int,
+        down: int,
+        acquires: bool,
+    ) -> None:
+        lock = RedLock(
+            clients(urls=[p.url for p in proxies[:n]]), name, lease=2.0, node_timeout=0.1
+        )
+        faults = Down(how, masters, proxies)
+        loop = asyncio.get_running_loop()
+        try:
+            faults.take(range(n - down, n))  # the last masters go down
+            started = loop.time()
+            got = await lock.acquire(blocking=False)
+            took = loop.time() - started
+            assert got is acquires
+            assert took < lock.node_timeout + 1.0, f"one attempt took {took:.2f} s"
+            if acquires:
+                live = await holders(inspectors[: n - down], name)
+                assert sum(v is not None for v in live) >= lock.quorum
+                await lock.release()
+            else:
+                assert await lock.acquire(timeout=0.4) is False
+                with pytest.raises(LockTimeout):
+                    async with RedLock(lock.masters, name, lease=2.0, timeout=0.3):
+                        pass
+        finally:
+            faults.restore()
+        # Once the masters are back, nothing of ours is left on any of them (what a stopped
+        # master received before its stop is cleaned up, or expires with its lease).
+        await until(lambda: no_key_left(inspectors, name), "no key left", within=2.0 + 3.0)
+        await settle(lock)
+
+    async def test_stopped_master_delays_acquire_by_at_most_node_timeout(
+        self, masters: list[ServerProcess], clients: Clients, name: str
+    ) -> None:
+        """With 2 of 3 masters needed and one stopped, each round waits for the stopped one
+        only when it must: a quorum of the others decides at once."""
+        lock = RedLock(clients(3), name, lease=3.0, node_timeout=0.2)
+        masters[1].pause()
+        try:
+            loop = asyncio.get_running_loop()
+            for _ in range(3):
+                started = loop.time()
+                assert await lock.acquire(timeout=5)
+                assert loop.time() - started < lock.node_timeout + 1.0
+                await lock.release()
+        finally:
+            masters[1].resume()
+        await settle(lock)
+
+
+# --------------------------------------------------------------------------------------------
+# Validity, restarts, renewal, cancellation
+# --------------------------------------------------------------------------------------------
+
+
+class TestLease:
+    async def test_slow_masters_shorten_the_validity(
+        self, proxies: list[FaultProxy], clients: Clients, name: str
+    ) -> None:
+        lease_s, delay = 10.0, 0.3
+        lock = RedLock(
+            clients(urls=[p.url for p in proxies[:3]]), name, lease=lease_s, node_timeout=0.8
+        )
+        await lock.acquire()  # connections made before the delay
+        await lock.release()
+        proxies[0].delay(delay)
+        proxies[1].delay(delay)  # a quorum needs at least one slow master
+        try:
+            await lock.acquire()
+            held = lock.current_lease
+            assert held is not None
+            assert held.remaining() < lease_s - delay - (lease_s * 0.01 + 0.002)
+            assert held.remaining() > lease_s - delay - 1.0
+        finally:
+            proxies[0].heal()
+            proxies[1].heal()
+        await lock.release()
+        await settle(lock)
+
+    async def test_master_restarted_empty_during_a_hold(
+        self,
+        masters: list[ServerProcess],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+    ) -> None:
+        """The documented outcome: the hold lives on while a majority keeps its key; another
+        client gets a quorum only once a second master lost it too — and then the first
+        holder's next renewal signals the loss."""
+        lost: list[object] = []
+        lock = RedLock(clients(3), name, lease=1.0, on_lost=lost.append)
+        rival = RedLock(clients(3), name, lease=1.0)
+        await lock.acquire()
+        masters[0].restart()
+        await asyncio.sleep(1.5)  # longer than the lease: renewals keep it on masters 1 and 2
+        assert not lost
+        assert not await rival.acquire(blocking=False)
+        held = lock.current_lease
+        assert held is not None
+        owner = introspect.lease_owner_id(held)
+        values = await holders(inspectors[:3], name)
+        assert [bool(v and v.startswith(owner)) for v in values] == [False, True, True]
+
+        masters[1].restart()
+        assert await rival.acquire(timeout=3)  # masters 0 and 1 are free: a quorum
+        await until(lambda: bool(lost), "the first holder's loss", within=1.0)
+        with pytest.raises(LockLostError):
+            await lock.release()
+        await rival.release()
+        await settle(lock)
+        await settle(rival)
+
+    async def test_renewal_keeps_it_past_several_leases(
+        self, clients: Clients, inspectors: list[aioredis.Redis], name: str
+    ) -> None:
+        lock = RedLock(clients(5), name, lease=0.5)
+        async with lock as lease:
+            await asyncio.sleep(2.0)  # four leases
+            assert not lease.lost
+            assert sum(v is not None for v in await holders(inspectors, name)) == 5
+        assert await no_key_left(inspectors, name)
+        await settle(lock)
+
+    async def test_keys_gone_on_a_majority_is_a_loss(
+        self, clients: Clients, inspectors: list[aioredis.Redis], name: str
+    ) -> None:
+        lost: list[object] = []
+        lock = RedLock(clients(3), name, lease=0.9, on_lost=lost.append)
+        await lock.acquire()
+        await inspectors[0].delete(name)
+        await inspectors[2].delete(name)
+        await until(lambda: bool(lost), "the loss", within=1.0)
+        with pytest.raises(LockLostError):
+            await lock.release()
+        await until(lambda: no_key_left(inspectors, name), "no key left", within=2.0)
+        await settle(lock)
+
+    async def test_majority_unreachable_cancels_guarded_block(
+        self, masters: list[ServerProcess], clients: Clients, name: str
+    ) -> None:
+        lock = RedLock(clients(3), name, lease=1.0)
+        loop = asyncio.get_running_loop()
+        try:
+            with pytest.raises(LockLostError):
+                async with lock.guarded():
+                    masters[1].pause()
+                    masters[2].pause()
+                    stopped_at = loop.time()
+                    await asyncio.sleep(10)
+            assert loop.time() - stopped_at < 1.0 + 0.5  # lost by the end of the lease
+        finally:
+            masters[1].resume()
+            masters[2].resume()
+        await settle(lock)
+
+    async def test_cancelled_acquire_leaves_nothing_behind(
+        self,
+        proxies: list[FaultProxy],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+    ) -> None:
+        lease_s = 10.0  # (a node timeout of a second: time to cancel in the middle)
+        lock = RedLock(
+            clients(urls=[p.url for p in proxies[:3]]), name, lease=lease_s, node_timeout=1.0
+        )
+        for inspector in inspectors[:3]:  # every script known: no NOSCRIPT round trip held
+            for source in introspect.script_sources():
+                await inspector.script_load(source)
+        await lock.acquire()  # connect first
+        await lock.release()
+        await settle(lock)
+        for proxy in proxies[:3]:
+            proxy.hold_replies()
+
+        async def take() -> None:
+            await lock.acquire()
+            await lock.release()
+
+        task = asyncio.create_task(take())
+        # The attempt ran on every master (it holds the key there); the replies are held.
+        await until(lambda: _all_set(inspectors[:3], name), "the attempt everywhere", within=0.9)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        loop = asyncio.get_running_loop()
+        cancelled_at = loop.time()
+        for proxy in proxies[:3]:
+            proxy.heal()
+        # Cleaned up at once (not only when the lease ends).
+        await until(lambda: no_key_left(inspectors, name), "no key left", within=2.0)
+        assert loop.time() - cancelled_at < lease_s
+        assert lock.current_lease is None
+        await settle(lock)
+        fan = introspect.redlock_client(lock)
+        for client in lock.masters:
+            await client.aclose()  # closing a master closes the RedLock's runtime
+        assert not introspect.background_tasks(fan)
+
+
+async def _all_set(inspectors: Sequence[aioredis.Redis], name: str) -> bool:
+    return all(await holders(inspectors, name))
+
+
+# --------------------------------------------------------------------------------------------
+# Across processes
+# --------------------------------------------------------------------------------------------
+
+
+async def test_exclusion_across_processes(masters: list[ServerProcess], name: str) -> None:
+    procs, tasks, rounds = 3, 2, 10
+    urls = ",".join(proc.url for proc in masters[:3])
+    command = [sys.executable, "-m", "tests._lockworker", "--redlock", urls, "--name", name]
+    command += ["--lease", "5", "contend", "--tasks", str(tasks), "--rounds", str(rounds)]
+    workers = [
+        await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=REPO
+        )
+        for _ in range(procs)
+    ]
+    try:
+        for proc in workers:
+            assert proc.stdout is not None
+            assert await asyncio.wait_for(proc.stdout.readline(), 15) == b"ready\n"
+        for proc in workers:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+            proc.stdin.close()
+        outputs = await asyncio.wait_for(
+            asyncio.gather(*(proc.communicate() for proc in workers)), 40
+        )
+    finally:
+        for proc in workers:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.communicate()
+    holds: list[tuple[int, int, int]] = []
+    for proc, (out, _) in zip(workers, outputs, strict=True):
+        lines = out.decode().splitlines()
+        assert proc.returncode == 0 and lines[-1] == "done", out
+        holds += [(int(a), int(b), int(c)) for _, a, b, c in (ln.split() for ln in lines[:-1])]
+    assert len(holds) == procs * tasks * rounds
+    holds.sort()
+    for (_, end, token), (next_start, _, next_token) in itertools.pairwise(holds):
+        assert end < next_start, f"holds overlap: token {token} and token {next_token}"
+        assert token < next_token, f"token {next_token} came after {token}"

@@ -28,9 +28,17 @@ from typing import Any, Protocol
 
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import HealthCheck, settings
 
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerFactory, ServerProcess, binary_info, server_binaries
+
+# Property tests talk to real servers on a noisy 2-core machine: no per-example deadline (a
+# slow example is not a failing one), and no "too slow" health check.
+settings.register_profile(
+    "real-servers", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("real-servers")
 
 TESTCONTAINERS_ENV = "REDIS_LOCKS_TESTCONTAINERS"
 

@@ -389,6 +389,7 @@ class LockBase:
         "_grace_ms",
         "_lease",
         "_lease_ms",
+        "_max_hold",
         "_name",
         "_on_lost",
         "_policy",
@@ -413,8 +414,10 @@ class LockBase:
         replicas: int = 0,
         replica_timeout: float = 1.0,
         replica_fsync: bool = False,
+        max_hold: float | None = None,
     ) -> None:
         self._name = check_name(name)
+        self._max_hold = None if max_hold is None else check_lease(max_hold, "max_hold")
         self._replicas = check_replicas(replicas)
         self._replica_timeout = check_lease(replica_timeout, "replica_timeout")
         if not isinstance(replica_fsync, bool):
@@ -684,6 +687,12 @@ class LockBase:
         self._check_live(runtime, hold, "extend")
         loop = runtime.loop
         sent_at = loop.time()
+        if hold.renew_until is not None and sent_at + length > hold.renew_until:
+            raise LockError(
+                f"cannot extend {self._name!r} by {length} s: it would be held past its "
+                f"max_hold ({self._max_hold} s)",
+                name=self._name,
+            )
         try:
             renewed = await self._call(
                 runtime, self._policy.renew(hold.owner, length).run(self._redis), None, None
@@ -1148,6 +1157,7 @@ class LockBase:
             confirm=confirm,
             counters=self._counters,
             margin=policy.margin if margin else None,
+            renew_until=None if self._max_hold is None else runtime.loop.time() + self._max_hold,
         )
         self._counters.acquisitions += 1
         if confirm:

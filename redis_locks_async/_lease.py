@@ -76,6 +76,7 @@ class Hold:
         "pending",
         "renew",
         "renew_at",
+        "renew_until",
         "replicas",
         "spawn",
         "state",
@@ -101,6 +102,7 @@ class Hold:
         confirm: bool = False,
         counters: _LossCounter | None = None,
         margin: Callable[[float], float] | None = None,
+        renew_until: float | None = None,
     ) -> None:
         self.key = key
         self.name = name
@@ -117,6 +119,8 @@ class Hold:
         self.confirm = confirm
         self.renew_at = self.loop.time() if confirm else expires_at - lease * 2 / 3
         self.renew = renew  # (owner, lease) -> the script call that renews the lease
+        # max_hold: no renewal may carry the lease past this loop time
+        self.renew_until = renew_until
         self.state = HoldState.HELD
         self.task = task
         self.task_callback: Callable[[asyncio.Task[Any]], object] | None = None
@@ -154,8 +158,21 @@ class Hold:
 
     @property
     def wants_renewal(self) -> bool:
-        """Whether the keeper renews this hold (auto-renewed, or a hand-over to confirm)."""
-        return self.auto_renew or self.confirm
+        """Whether the keeper renews this hold (auto-renewed and not at its ``max_hold``, or a
+        hand-over to confirm)."""
+        return self.confirm or (self.auto_renew and not self.capped)
+
+    @property
+    def capped(self) -> bool:
+        """Whether the next renewal would carry the lease past ``max_hold``."""
+        return self.renew_until is not None and self.renew_at + self.lease > self.renew_until
+
+    @property
+    def expiry_reason(self) -> str:
+        """Why a hold that is not renewed any more ends."""
+        if self.auto_renew and self.capped:
+            return "the lease expired: the lock was held for its max_hold"
+        return "the lease expired (auto_renew=False)"
 
     # -- transitions ---------------------------------------------------------------------------
 

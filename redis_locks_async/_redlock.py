@@ -182,6 +182,7 @@ class RedLock(LockBase):
         timeout: float | None = None,
         node_timeout: float | None = None,
         on_lost: LostCallback | None = None,
+        max_hold: float | None = None,
     ) -> None:
         clients = _check_masters(masters)
         length = check_lease(lease)
@@ -208,6 +209,7 @@ class RedLock(LockBase):
             auto_renew=auto_renew,
             timeout=timeout,
             on_lost=on_lost,
+            max_hold=max_hold,
         )
         self._topology = Masters
 

@@ -124,7 +124,7 @@ class LeaseKeeper:
                     self._holds.discard(hold)
                 elif not hold.wants_renewal and hold.expires_at <= now:
                     self._holds.discard(hold)
-                    hold.mark_lost("the lease expired (auto_renew=False)")
+                    hold.mark_lost(hold.expiry_reason)
                 else:
                     next_at = min(next_at, _due_at(hold))
             if next_at <= now:

@@ -191,6 +191,7 @@ class ReadWriteLock:
         replicas: int = 0,
         replica_timeout: float = 1.0,
         replica_fsync: bool = False,
+        max_hold: float | None = None,
     ) -> None:
         if not isinstance(prefer_writers, bool):
             raise TypeError(f"prefer_writers must be a bool, not {type(prefer_writers).__name__}")
@@ -204,6 +205,7 @@ class ReadWriteLock:
             "replicas": replicas,
             "replica_timeout": replica_timeout,
             "replica_fsync": replica_fsync,
+            "max_hold": max_hold,
         }
         self.read = ReadLock(redis, name, **options)
         self.write = WriteLock(redis, name, **options)

@@ -132,6 +132,7 @@ class Semaphore(LockBase):
         replicas: int = 0,
         replica_timeout: float = 1.0,
         replica_fsync: bool = False,
+        max_hold: float | None = None,
     ) -> None:
         self._permits = _check_permits(permits)
         super().__init__(
@@ -145,6 +146,7 @@ class Semaphore(LockBase):
             replicas=replicas,
             replica_timeout=replica_timeout,
             replica_fsync=replica_fsync,
+            max_hold=max_hold,
         )
 
     def _make_policy(self) -> Policy:

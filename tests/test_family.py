@@ -22,13 +22,14 @@ import itertools
 import re
 import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol
+import sys
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lease, LockTimeout, ReadWriteLock, Semaphore
+from redis_locks_async import Lease, Lock, LockTimeout, ReadWriteLock, Semaphore
 from tests import _introspect as introspect
 from tests._lockworker import Primitive, make_lock
 from tests.test_lock_faults import finish, settle, step, until, worker_process
@@ -36,6 +37,8 @@ from tests.test_lock_faults import finish, settle, step, until, worker_process
 if TYPE_CHECKING:
     from tests.conftest import Connect
     from tests.faultproxy import FaultProxy
+
+_T = TypeVar("_T")
 
 PRIMITIVES: Final = ("lock", "fair", "rw-write", "sem")
 LAYOUT: Final = {"lock": "lock", "fair": "lock", "rw-write": "rw", "rw-read": "rw", "sem": "sem"}
@@ -728,3 +731,72 @@ async def _split(holds: Awaitable[list[list[Hold]]], period: int) -> tuple[list[
     readers = [h for i, w in enumerate(per_worker) if i % period == 0 for h in w]
     writers = [h for i, w in enumerate(per_worker) if i % period == 1 for h in w]
     return readers, writers
+
+
+# --------------------------------------------------------------------------------------------
+# Found by these tests
+# --------------------------------------------------------------------------------------------
+
+
+def _start_now(coro: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+    """Run ``coro`` up to its first suspension right now, synchronously (what an eager task
+    does on Python 3.12+), then let it go on in a task."""
+    loop = asyncio.get_running_loop()
+    try:
+        first = coro.send(None)
+    except StopIteration as stop:
+        done: asyncio.Future[_T] = loop.create_future()
+        done.set_result(stop.value)
+        return done
+
+    async def rest(pending: Any) -> _T:
+        while True:
+            if pending is None:  # a bare yield (asyncio.sleep(0))
+                await asyncio.sleep(0)
+            else:
+                pending._asyncio_future_blocking = False
+                await asyncio.wait((pending,))
+            try:
+                pending = coro.send(None)
+            except StopIteration as stop:
+                result: _T = stop.value
+                return result
+
+    return asyncio.ensure_future(rest(first))
+
+
+def _runs(task: asyncio.Task[Any], qualname: str) -> bool:
+    return getattr(task.get_coro(), "__qualname__", "") == qualname
+
+
+class TestFoundHere:
+    @pytest.mark.skipif(
+        sys.version_info >= (3, 12), reason="wait_for swallows a cancellation on <= 3.11 only"
+    )
+    async def test_close_as_a_renewal_reply_arrives_is_prompt(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Regression (closing a client took 10 s): ``aclose()`` cancels the lease keeper;
+        when the cancellation landed as the keeper's renewal reply arrived, Python <= 3.11's
+        ``asyncio.wait_for`` swallowed it, and the keeper lingered for its idle time (10 s)
+        before it noticed the close. Seen in ``test_no_leaked_keys_or_tasks`` teardowns."""
+        conn = connect()
+        lock = Lock(conn, name, lease=0.3)  # renewed every 0.1 s
+        assert await lock.acquire()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        renewal: list[asyncio.Task[Any]] = []
+        while not renewal:  # a renewal round trip in flight (wait_for's inner task)
+            assert loop.time() < deadline, "no renewal seen"
+            await asyncio.sleep(0)
+            renewal = [t for t in asyncio.all_tasks() if _runs(t, "Pipeline.execute")]
+        closing: list[asyncio.Future[None]] = []
+        # Runs right after wait_for learnt of the reply, before the keeper resumes: the close
+        # cancels the keeper exactly then.
+        renewal[0].add_done_callback(lambda _: closing.append(_start_now(conn.aclose())))
+        await until(lambda: closing, what="the reply")
+        started = loop.time()
+        await asyncio.wait_for(closing[0], 15)
+        took = loop.time() - started
+        assert took < 3.0, f"aclose() took {took:.1f} s"
+        assert not introspect.background_tasks(conn)

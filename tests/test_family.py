@@ -12,6 +12,7 @@ peak concurrency of exactly N (``Semaphore``).
 
 Worker processes are ``tests/_lockworker.py`` (``--kind`` picks the primitive); every one a
 test starts is killed when the test ends, whatever happened (the ``spawn`` fixture).
+``TestFoundHere`` keeps the regression tests of the bugs these tests exposed.
 """
 
 from __future__ import annotations

@@ -120,8 +120,6 @@ class LeaseKeeper:
                     self._task = None
                     self._wake_at = None
                     return
-            if self._closed:
-                return
             now = loop.time()
             next_at = math.inf
             for hold in list(self._holds):

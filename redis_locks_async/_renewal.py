@@ -105,6 +105,10 @@ class LeaseKeeper:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if self._closed:
+                # Checked here too, not only by cancellation: Python <= 3.11's wait_for swallows
+                # a cancellation that lands as the renewal's reply arrives.
+                return
             if not self._holds:
                 # Linger before exiting: a client that acquires again soon (the common case)
                 # does not pay for a new task on every acquisition.
@@ -115,8 +119,6 @@ class LeaseKeeper:
                     self._task = None
                     self._wake_at = None
                     return
-            if self._closed:
-                return
             now = loop.time()
             next_at = math.inf
             for hold in list(self._holds):

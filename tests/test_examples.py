@@ -11,7 +11,9 @@ the client and the library's tasks; no traceback). Every process is killed in ``
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -182,3 +184,51 @@ async def test_web_example_loses_no_update(
         # No traceback, and no task of the library (or anything else) left behind.
         for bad in ("Traceback", "Task was destroyed", "Unclosed", "Task exception"):
             assert bad not in errors, running.output()
+
+
+# -- anyio ----------------------------------------------------------------------------------
+
+
+def test_anyio_example(redis_url: str) -> None:
+    """Task groups and cancel scopes on the asyncio backend: exclusion, and no lock leaked by
+    ``move_on_after`` around ``acquire()`` or ``async with`` at any stage; the trio backend
+    (or, where trio is not installed, a thread without an asyncio loop) gets a clear error."""
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "anyio_tasks.py")],
+        env={**os.environ, "REDIS_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    report = f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    assert result.returncode == 0, report
+    assert "Traceback" not in result.stderr, report
+    lines = result.stdout.splitlines()
+    assert "1. task group: 20 holds by 4 workers, at most 1 inside at once" in lines, report
+    assert (
+        "2. move_on_after around acquire(): the waiter gave up; after the release the lock is "
+        "free" in lines
+    ), report
+    assert (
+        "3. move_on_after around async with: the scope cancelled the body; the lock is free"
+        in lines
+    ), report
+    stages = re.search(
+        r"^4\. 10 acquisitions cut short by move_on_after: (\d+) cancelled, (\d+) completed, "
+        r"0 ghost holders$",
+        result.stdout,
+        re.MULTILINE,
+    )
+    assert stages is not None, report
+    assert int(stages[1]) >= 1, report  # move_on_after(0) cancels before anything is sent
+    message = (
+        "no asyncio event loop is running. redis-locks-async runs on asyncio only, because "
+        "redis.asyncio does"
+    )
+    if importlib.util.find_spec("trio") is None:
+        assert "5. trio backend: not installed here" in result.stdout, report
+        assert "   without an asyncio loop: RuntimeError: cannot acquire" in result.stdout
+    else:
+        assert "5. trio backend: RuntimeError: cannot acquire" in result.stdout, report
+    assert message in result.stdout, report

@@ -280,11 +280,26 @@ def _awaiting_wait_for(helper: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
     return None
 
 
+def _running_task(action: str, name: str) -> asyncio.Task[Any]:
+    """The calling asyncio task; a clear error when there is none, or no asyncio loop at all
+    (trio, anyio's trio backend, another event loop, a plain thread)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running asyncio loop in this thread
+        raise RuntimeError(
+            f"cannot {action} {name!r}: no asyncio event loop is running. redis-locks-async "
+            "runs on asyncio only, because redis.asyncio does: run it with asyncio.run(), or "
+            "under anyio with the asyncio backend (anyio.run(..., backend='asyncio')); the trio "
+            "backend and other event loops are not supported"
+        ) from None
+    if task is None:
+        raise RuntimeError(f"cannot {action} {name!r} outside an asyncio task")
+    return task
+
+
 def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
     """The task that owns what the running ``acquire`` (whose frame is ``frame``) takes."""
-    task = asyncio.current_task()
-    if task is None:
-        raise RuntimeError(f"cannot acquire {name!r} outside an asyncio task")
+    task = _running_task("acquire", name)
     if getattr(task.get_coro(), "cr_frame", None) is not frame:
         return task
     waiting = _awaiting_wait_for(task)
@@ -304,9 +319,7 @@ def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
 def _current(action: str, name: str, frame: FrameType | None = None) -> asyncio.Task[Any]:
     """The calling task — or, when the running method (whose frame is ``frame``) is the whole
     body of a helper task of ``asyncio.wait_for`` (Python 3.10/3.11), the task awaiting it."""
-    task = asyncio.current_task()
-    if task is None:
-        raise RuntimeError(f"cannot {action} {name!r} outside an asyncio task")
+    task = _running_task(action, name)
     if frame is not None and getattr(task.get_coro(), "cr_frame", None) is frame:
         return _awaiting_wait_for(task) or task
     return task

@@ -1323,15 +1323,19 @@ class LockBase:
             # Cancelling a release does not stop it: it is sent again (every release is
             # idempotent) in the background, which also finishes the bookkeeping.
             if hold.live and hold.pending is None:
-                hold.pending = runtime.spawn(self._release_job(runtime, hold, entry), report=False)
+                hold.pending = runtime.spawn(
+                    self._release_job(runtime, hold, entry, resent=True), report=False
+                )
             raise
         if _cancelling(task) > before:
             raise asyncio.CancelledError()  # swallowed by redis-py; the release is done
 
-    async def _release_job(self, runtime: Runtime, hold: Hold, entry: str | None) -> None:
+    async def _release_job(
+        self, runtime: Runtime, hold: Hold, entry: str | None, *, resent: bool = False
+    ) -> None:
         try:
             if entry is None:
-                await self._release_final(runtime, hold)
+                await self._release_final(runtime, hold, resent=resent)
             else:
                 await self._release_entry(runtime, hold, entry)
         finally:
@@ -1384,7 +1388,12 @@ class LockBase:
         hold.entries.remove(entry)
         self._counters.releases += 1
 
-    async def _release_final(self, runtime: Runtime, hold: Hold) -> None:
+    async def _release_final(self, runtime: Runtime, hold: Hold, *, resent: bool = False) -> None:
+        """The last release of ``hold``. ``resent``: the caller was cancelled while this
+        release was in flight, so the first send may have freed the lock already — and another
+        owner may have taken and released it since, erasing the trace a re-sent release looks
+        for. "Not held" is then no evidence of a loss (the task gave the lock up either way),
+        so it ends the hold quietly instead of reporting a loss nobody could act on."""
         if hold.entries:
             logger.warning(
                 "releasing %r with %d inner holds still open: all are released",
@@ -1412,6 +1421,9 @@ class LockBase:
                 f"{error}; it is no longer renewed and frees itself when its lease ends",
                 name=self._name,
             ) from exc
+        if status == -1 and resent:
+            logger.debug("re-sent release of %r found it already free", self._name)
+            status = 0
         if status == -1:
             self._lose(runtime, hold, "release found the lock expired or held by another owner")
             self._forget(runtime, hold)

@@ -16,10 +16,8 @@ ran, another client takes and releases the lock, then the scope is cancelled.
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import anyio
-import pytest
 
 from redis_locks_async import Lease, Lock
 from tests.conftest import Connect
@@ -37,13 +35,6 @@ async def _until_free(lock: Lock) -> None:
         await asyncio.sleep(POLL)
 
 
-@pytest.mark.xfail(
-    sys.version_info >= (3, 11),
-    reason="known bug: the background re-send of a cancelled release reports a loss when "
-    "another owner took and released the lock in between (Python >= 3.11 awaits the release "
-    "in the caller's task; 3.10 runs it in a shielded job and never re-sends)",
-    strict=True,
-)
 async def test_cancelled_release_then_another_owner_is_no_loss(
     fault_proxy: FaultProxy, connect: Connect, name: str
 ) -> None:

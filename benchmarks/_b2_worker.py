@@ -10,7 +10,8 @@ never re-takes a lock it just released before the waiter got it (a non-fair lock
 barge in). That note travels after the measurement, never on the critical path; the timestamps
 go to the parent after the run. ``time.monotonic_ns`` is CLOCK_MONOTONIC on Linux, one clock
 for every process of the machine (the parent checks this before trusting cross-process
-differences). For the floor, the pub/sub hop and our ``Lock`` the client's connections also
+differences). For the floor, the pub/sub hop and ours (``Lock`` and ``FairLock``, the same code
+with the class the peer key names) the client's connections also
 record when each request's write began and when each reply or message was read
 (``_metering``), so the parent can split a handoff into its hops.
 """
@@ -32,7 +33,7 @@ from urllib.parse import urlparse
 import redis
 import redis.asyncio as aioredis
 
-from ._common import describe, recv
+from ._common import OUR_KINDS, describe, is_ours, our_lock_class, recv
 from ._metering import Meter, metered_connection
 
 HOLDING = "holding"
@@ -102,7 +103,7 @@ async def _acquired(
         await release()
 
 
-TRACED = frozenset({"floor", "pubsub-hop", "redis-locks-async"})
+TRACED = frozenset({"floor", "pubsub-hop", *OUR_KINDS})
 
 
 def _connect(spec: RunSpec, meter: Meter | None) -> aioredis.Redis:
@@ -113,11 +114,12 @@ def _connect(spec: RunSpec, meter: Meter | None) -> aioredis.Redis:
 
 
 class _Ours:
-    def __init__(self, spec: RunSpec, meter: Meter | None) -> None:
-        from redis_locks_async import Lock
+    """Our ``Lock`` or ``FairLock``, as ``spec.peer`` names it."""
 
+    def __init__(self, spec: RunSpec, meter: Meter | None) -> None:
         self._client = _connect(spec, meter)
-        self._lock = Lock(self._client, spec.name, lease=30.0, timeout=spec.acquire_timeout_s)
+        kind = our_lock_class(spec.peer)
+        self._lock = kind(self._client, spec.name, lease=30.0, timeout=spec.acquire_timeout_s)
 
     @contextlib.asynccontextmanager
     async def hold(self) -> AsyncIterator[int | None]:
@@ -274,7 +276,7 @@ def _async_peer(spec: RunSpec, meter: Meter | None) -> AsyncPeer:
         return _Floor(spec, meter)
     if spec.peer == "pubsub-hop":
         return _PubSubHop(spec, meter)
-    if spec.peer == "redis-locks-async":
+    if is_ours(spec.peer):
         return _Ours(spec, meter)
     if spec.peer == "redis-py":
         return _RedisPy(spec, sleep=0.1)

@@ -1,15 +1,16 @@
 """B3 worker process: many waiters on one lock, each taking it again and again.
 
-Four of these run at once (``spawn``), each serving one run after another. In a run, worker 0
-first takes the lock itself (the *gate*), so that every waiter of every worker is really waiting
-before the first handoff; then each worker starts its waiters (asyncio tasks, or threads for the
-sync peer). When the parent opens the gate the waiters cycle: acquire, record the clock and the
-fencing token, release at once (reading the clock as the last thing before the release), pause
-``think_s``, queue again. The pause makes a release go to a waiter that was already waiting,
-never straight back to its releaser (a polling lock's releaser would otherwise win its own lock
-back nearly every time). While they cycle, the parent asks for the client's counts at the two
-ends of its measuring window; then it stops the run: asyncio waiters are cancelled wherever they
-are, threads leave after their next release. The worker reports every hold.
+Four of these run at once (``spawn``), each serving one run after another. In a run, worker 0 first
+takes the lock itself (the *gate*), so that every waiter of every worker is really waiting before
+the first handoff; then each worker starts its waiters (asyncio tasks, or threads for the sync
+peer; ours are ``Lock`` or ``FairLock``, as the peer key says). When the parent opens the gate the
+waiters cycle: acquire, record the clock and the fencing token, release at once (reading the clock
+as the last thing before the release), pause ``think_s``, queue again. The pause makes a release go
+to a waiter that was already waiting, never straight back to its releaser (a polling lock's
+releaser would otherwise win its own lock back nearly every time). While they cycle, the parent
+asks for the client's counts at the two ends of its measuring window; then it stops the run:
+asyncio waiters are cancelled wherever they are, threads leave after their next release. The worker
+reports every hold.
 
 Protocol, parent → worker: a :class:`B3Spec`, then ``"start"``, ``"open"`` (the gate's worker
 only), ``"snapshot"`` (any number of times), ``"stop"``, ``"close"``; worker → parent:
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 import redis
 import redis.asyncio as aioredis
 
-from ._common import describe, recv
+from ._common import describe, is_ours, our_lock_class, recv
 from ._metering import Meter, metered_client, metered_sync_connection
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class _Cycles:
         self._stopping = stopping
 
     async def __call__(self) -> None:
-        if self._spec.peer == "redis-locks-async":
+        if is_ours(self._spec.peer):
             await self._ours()
         elif self._spec.peer.startswith("redis-py/"):
             await self._redis_py(float(self._spec.peer.removeprefix("redis-py/sleep=")))
@@ -116,10 +117,8 @@ class _Cycles:
             raise ValueError(f"unknown asyncio peer {self._spec.peer!r}")
 
     async def _ours(self) -> None:
-        from redis_locks_async import Lock
-
         clock, holds = time.monotonic_ns, self._done.holds
-        lock = Lock(
+        lock = our_lock_class(self._spec.peer)(
             self._client,
             self._spec.name,
             lease=LEASE_S,
@@ -167,10 +166,8 @@ async def _gate(
     """Take the lock before any waiter starts: return, once it is held, the task that holds it
     and releases it when ``opened`` is set (its hold is recorded as :data:`GATE`)."""
     held = asyncio.Event()
-    if spec.peer == "redis-locks-async":
-        from redis_locks_async import Lock
-
-        lock = Lock(client, spec.name, lease=LEASE_S)
+    if is_ours(spec.peer):
+        lock = our_lock_class(spec.peer)(client, spec.name, lease=LEASE_S)
 
         async def hold() -> None:
             async with lock as lease:

@@ -1,4 +1,6 @@
-"""``results.png``: handoff latency (B2, x the one-hop floor) and commands per handoff (B3).
+"""``results.png``: handoff latency (B2, x the one-hop floor), commands per handoff (B3), and
+the lock family's throughput side by side in the last row — ``ReadWriteLock`` reads with and
+without a writer (B9) and ``Semaphore(N)`` acquisitions/s against N (B10).
 
 matplotlib is optional (the ``bench`` and ``dev`` extras install it): without it no chart is
 written and :func:`write_chart` says why.
@@ -18,7 +20,7 @@ _REFERENCES = frozenset({"floor", "pubsub-hop"})
 
 
 def _color(key: str) -> str:
-    if key == OURS:
+    if key == OURS or key.startswith(OURS + "/"):
         return _OURS_COLOR
     return _REFERENCE_COLOR if key in _REFERENCES else _PEER_COLOR
 
@@ -45,6 +47,77 @@ def _command_bars(b3: Mapping[str, Any]) -> list[tuple[str, str, float, float]]:
     return bars
 
 
+def _read_bars(b9: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+    """(label, reads/s, writes/s) of every B9 phase measured."""
+    bars = []
+    for row in b9.get("rows", []):
+        if isinstance(row.get("reads_per_s"), (int, float)):
+            bars.append((row["label"], float(row["reads_per_s"]), float(row["writes_per_s"])))
+    return bars
+
+
+def _permit_points(b10: Mapping[str, Any]) -> list[tuple[int, float, float, int]]:
+    """(N, acquisitions/s, ceiling/s, peak concurrency) of every B10 row measured."""
+    points = []
+    for row in b10.get("rows", []):
+        if isinstance(row.get("per_s"), (int, float)):
+            points.append(
+                (
+                    int(row["permits"]),
+                    float(row["per_s"]),
+                    float(row["ceiling_per_s"]),
+                    int(row["peak_concurrency"]),
+                )
+            )
+    return points
+
+
+def _draw_reads(ax: Any, reads: list[tuple[str, float, float]]) -> None:
+    positions = list(range(len(reads)))
+    values = [value for _, value, _ in reads]
+    ax.bar(positions, values, color=_OURS_COLOR, width=0.55)
+    base = values[0] if values and values[0] > 0 else None
+    for p, (_, value, writes) in zip(positions, reads, strict=True):
+        text = f"{value:,.0f}/s"
+        if base is not None:
+            text += f"\n{value / base:.2f}x"
+        if writes:
+            text += f"\n+ {writes:,.1f} writes/s"
+        ax.text(p, value, text, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(positions, [label for label, _, _ in reads], fontsize=8)
+    ax.set_ylim(top=max(values) * 1.45)
+    ax.set_ylabel("reads/s", fontsize=8)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_title("B9 — ReadWriteLock reads/s, alone and with one writer", fontsize=10)
+
+
+def _draw_permits(ax: Any, points: list[tuple[int, float, float, int]]) -> None:
+    permits = [n for n, _, _, _ in points]
+    rates = [rate for _, rate, _, _ in points]
+    ceilings = [ceiling for _, _, ceiling, _ in points]
+    ax.plot(permits, rates, marker="o", color=_OURS_COLOR, label="acquisitions/s")
+    ax.plot(permits, ceilings, linestyle="--", color=_PEER_COLOR, label="ceiling N / hold")
+    for n, rate, _, peak in points:
+        ax.annotate(
+            f"peak {peak}",
+            (n, rate),
+            textcoords="offset points",
+            xytext=(0, -13),
+            ha="center",
+            fontsize=7,
+            color="black" if peak == n else "red",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=min(rates) / 1.6, top=max(rates + ceilings) * 1.4)
+    ax.set_xticks(permits, [str(n) for n in permits], fontsize=8)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel("permits N (log scale); peak = most holders at once", fontsize=8)
+    ax.set_ylabel("acquisitions/s (log scale)", fontsize=8)
+    ax.set_title("B10 — Semaphore(N) throughput against N", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+
+
 def _legend(ax: Any, solid: str, hatched: str) -> None:
     from matplotlib.patches import Patch
 
@@ -62,8 +135,10 @@ def write_chart(results: Mapping[str, Any], path: Path) -> str:
     scenarios = results.get("scenarios", {})
     handoffs = _handoff_bars(scenarios.get("B2", {}))
     commands = _command_bars(scenarios.get("B3", {}))
-    if not handoffs and not commands:
-        return "B2 and B3 were not measured in this run"
+    reads = _read_bars(scenarios.get("B9", {}))
+    permits = _permit_points(scenarios.get("B10", {}))
+    if not handoffs and not commands and not reads and not permits:
+        return "none of B2, B3, B9, B10 was measured in this run"
     try:
         import matplotlib
 
@@ -72,12 +147,13 @@ def write_chart(results: Mapping[str, Any], path: Path) -> str:
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[bench]')"
     panels = [p for p in (handoffs, commands) if p]
-    height = max(3.0, 0.55 * sum(len(p) for p in panels) + 1.6 * len(panels))
-    figure, axes = plt.subplots(len(panels), 1, figsize=(12, height), squeeze=False)
-    index = 0
+    family = bool(reads or permits)
+    heights = [0.55 * len(p) + 1.6 for p in panels] + ([3.4] if family else [])
+    figure = plt.figure(figsize=(12, max(3.0, sum(heights))))
+    grid = figure.add_gridspec(len(heights), 2, height_ratios=heights)
+    rows = iter(range(len(heights)))
     if handoffs:
-        ax = axes[index][0]
-        index += 1
+        ax = figure.add_subplot(grid[next(rows), :])
         labels = [label for _, label, _, _ in handoffs][::-1]
         colors = [_color(key) for key, _, _, _ in handoffs][::-1]
         positions = list(range(len(handoffs)))
@@ -104,7 +180,7 @@ def write_chart(results: Mapping[str, Any], path: Path) -> str:
         _legend(ax, "median", "p99")
         ax.set_xlim(right=max(p99s + medians) * 3)
     if commands:
-        ax = axes[index][0]
+        ax = figure.add_subplot(grid[next(rows), :])
         labels = [label for _, label, _, _ in commands][::-1]
         colors = [_color(key) for key, _, _, _ in commands][::-1]
         positions = list(range(len(commands)))
@@ -138,6 +214,12 @@ def write_chart(results: Mapping[str, Any], path: Path) -> str:
             ax.set_xlim(left=min(values) / 2, right=max(values) * 3)
         else:
             ax.set_xlim(right=max(client + server) * 1.15)
+    if family:
+        row = next(rows)
+        if reads:
+            _draw_reads(figure.add_subplot(grid[row, 0]), reads)
+        if permits:
+            _draw_permits(figure.add_subplot(grid[row, 1]), permits)
     meta = results.get("meta", {})
     server_meta = meta.get("server", {})
     figure.suptitle(

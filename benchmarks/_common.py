@@ -1,5 +1,6 @@
 """What the benchmark scenarios and their worker processes share: reading a pipe from an event
-loop or with a time limit, describing an error in one line, and stopping a worker process."""
+loop or with a time limit, describing an error in one line, stopping a worker process, and
+which of our lock classes a peer key names."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import asyncio
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from redis_locks_async import FairLock, Lock
 
 
 def describe(exc: BaseException) -> str:
@@ -60,3 +65,23 @@ def stop_process(proc: BaseProcess, *, grace_s: float, force_s: float) -> bool:
         proc.kill()
         proc.join(timeout=force_s)
     return True
+
+
+# Our lock kinds as the scenarios name them: a peer key of ``redis-locks-async`` is ``Lock``,
+# ``redis-locks-async/fair`` is ``FairLock``, so the same worker code measures either.
+OURS = "redis-locks-async"
+OUR_KINDS = {OURS: "Lock", f"{OURS}/fair": "FairLock"}
+
+
+def is_ours(peer: str) -> bool:
+    """``True`` for a peer key naming one of our exclusive locks (``Lock``, ``FairLock``)."""
+    return peer in OUR_KINDS
+
+
+def our_lock_class(peer: str) -> type[Lock] | type[FairLock]:
+    """The class of ours that ``peer`` names; both take the same arguments."""
+    from redis_locks_async import FairLock, Lock
+
+    if peer not in OUR_KINDS:
+        raise ValueError(f"not one of our lock kinds: {peer!r}")
+    return FairLock if OUR_KINDS[peer] == "FairLock" else Lock

@@ -22,6 +22,9 @@ Every hold's ``(acquired, release started, fencing token)`` comes back: ordered 
 tokens are not consecutive) or by acquisition time (peers), no hold may begin before the
 previous one's release began, and our tokens must increase with acquisition time. The gaps
 between a release and the next acquisition are reported too (handoff latency under load).
+Ours run twice, as ``Lock`` (target ≤ 8) and as ``FairLock`` (target ≤ 3: a release hands the
+lock to the head waiter inside the script, so a handoff is the release, the new holder's
+confirmation and the returning waiter's registration), with the same worker code.
 Peers: python-redis-lock (a thread per waiter) and redis-py's ``Lock`` with ``sleep=0.001``
 and its default ``sleep=0.1``, all with the same number of waiters as ours in the full run; the
 quick run has fewer (the table says how many each had). For a polling peer a handoff is not
@@ -56,14 +59,15 @@ from ._b3_worker import (
     Hold,
     worker_main,
 )
-from ._common import WorkerError, receive, stop_process
+from ._common import OURS, WorkerError, is_ours, receive, stop_process
 from ._console import Log
 from ._metering import ZERO, Reading
 from ._peers import available
 from ._stats import command_delta, percentile
 
 PROCESSES = 4
-TARGET = 8.0  # client commands per handoff
+TARGET = 8.0  # client commands per handoff, Lock
+FAIR_TARGET = 3.0  # the same, FairLock
 SCRIPT_CALLS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
 
 
@@ -91,7 +95,8 @@ class B3Config:
     settle_max_s: float
 
 
-_OURS = "redis-locks-async"
+_OURS = OURS
+_FAIR = f"{OURS}/fair"
 _PRL = "python-redis-lock"
 _FAST = "redis-py/sleep=0.001"
 _DEFAULT = "redis-py/sleep=0.1"
@@ -100,6 +105,14 @@ _DEFAULT = "redis-py/sleep=0.1"
 def _cases(ours: int, prl: int, fast: int, default: int) -> tuple[Case, ...]:
     cases = [
         Case(_OURS, "redis-locks-async Lock", _OURS, _OURS, ours, "pub/sub wake-up"),
+        Case(
+            _FAIR,
+            "redis-locks-async FairLock",
+            _FAIR,
+            _OURS,
+            ours,
+            "FIFO, every waiter registered, direct hand-over to the head",
+        ),
         Case(
             _PRL,
             "python-redis-lock (threads)",
@@ -307,7 +320,7 @@ def _run_case(
         failed_at_start = sum(int(message[2]) for message in started)
         if failed_at_start:
             raise WorkerError(f"{failed_at_start} waiters failed while starting")
-        if case.peer == _OURS:
+        if is_ours(case.peer):
             settle_s = _settle(observer, config.settle_max_s)
         else:
             time.sleep(0.3)
@@ -361,13 +374,13 @@ def _run_case(
         client_commands_by_type=dict(client.commands),
         server_commands=sum(server.values()),
         server_commands_by_type=dict(sorted(server.items())),
-        **_order(holds, by_token=case.peer == _OURS),
+        **_order(holds, by_token=is_ours(case.peer)),
         **_window(holds, begin_ns, end_ns),
     )
     if errors:
         row["errors"] = errors[:5]
         row["failed"] = len(errors)
-    if case.peer == _OURS:
+    if is_ours(case.peer):
         row["leases_lost"] = lost
         if lost:
             log(
@@ -424,20 +437,33 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
     finally:
         fleet.close()
     ours = next((row for row in rows if row["key"] == _OURS), {})
+    fair = next((row for row in rows if row["key"] == _FAIR), {})
     fatal: list[str] = []
-    if "error" in ours:
-        fatal.append(f"{ours['label']}: {ours['error']}")
-    if ours.get("failed"):
-        fatal.append(f"{ours['label']}: {ours['failed']} waiters failed: {ours.get('errors')}")
-    if ours.get("overlaps"):
-        fatal.append(f"{ours['label']}: {ours['overlaps']} holds began before the previous release")
-    if ours.get("tokens_increase") is False:
-        fatal.append(f"{ours['label']}: fencing tokens did not increase in acquisition order")
-    if ours and "error" not in ours and not ours.get("handoffs"):
-        fatal.append(f"{ours['label']}: no handoff in the measuring window")
+    for row in (ours, fair):
+        if not row:
+            continue
+        if "error" in row:
+            fatal.append(f"{row['label']}: {row['error']}")
+        if row.get("failed"):
+            fatal.append(f"{row['label']}: {row['failed']} waiters failed: {row.get('errors')}")
+        if row.get("overlaps"):
+            fatal.append(
+                f"{row['label']}: {row['overlaps']} holds began before the previous release"
+            )
+        if row.get("tokens_increase") is False:
+            fatal.append(f"{row['label']}: fencing tokens did not increase in acquisition order")
+        if "error" not in row and not row.get("handoffs"):
+            fatal.append(f"{row['label']}: no handoff in the measuring window")
     value = ours.get("client_commands_per_handoff")
+    fair_value = fair.get("client_commands_per_handoff")
+    lock_met = value is not None and value <= TARGET
+    fair_met = fair_value is not None and fair_value <= FAIR_TARGET
     waiters = ours.get("waiters")
     scale = f"{waiters:,}" if isinstance(waiters, int) else "?"
+
+    def shown(figure: float | None) -> str:
+        return "—" if figure is None else f"{figure:.2f}"
+
     return {
         "scenario": "B3",
         "title": "Redis commands per handoff, many waiters over 4 processes",
@@ -451,12 +477,16 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
         "rows": rows,
         "skipped": skipped,
         "target": {
-            "text": f"Lock ≤ {TARGET:g} client commands per handoff "
-            f"({scale} waiters over {PROCESSES} processes)",
+            "text": f"Lock ≤ {TARGET:g}, FairLock ≤ {FAIR_TARGET:g} client commands per "
+            f"handoff ({scale} waiters over {PROCESSES} processes)",
             "limit": TARGET,
+            "fair_limit": FAIR_TARGET,
             "value": value,
-            "value_text": "—" if value is None else f"{value:.2f} commands/handoff",
-            "met": value is not None and value <= TARGET and not fatal,
+            "fair_value": fair_value,
+            "value_text": f"Lock {shown(value)}, FairLock {shown(fair_value)} commands/handoff",
+            "met": lock_met and fair_met and not fatal,
+            "lock_met": lock_met,
+            "fair_met": fair_met,
         },
         "failed": bool(fatal),
         "failures": fatal,

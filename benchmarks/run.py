@@ -28,7 +28,16 @@ from typing import Any
 
 import redis
 
-from . import b1_uncontended, b2_handoff, b3_commands, b4_idle, b5_renewal, b8_throughput
+from . import (
+    b1_uncontended,
+    b2_handoff,
+    b3_commands,
+    b4_idle,
+    b5_renewal,
+    b8_throughput,
+    b9_rwlock,
+    b10_semaphore,
+)
 from ._console import Console, Log
 from ._peers import all_statuses
 from ._report import write
@@ -43,6 +52,8 @@ SCENARIOS: dict[str, Runner] = {
     "B4": b4_idle.run,
     "B5": b5_renewal.run,
     "B8": b8_throughput.run,
+    "B9": b9_rwlock.run,
+    "B10": b10_semaphore.run,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -52,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks",
         description="redis-locks-async against its peers (SPEC §5): B1 uncontended cycle vs "
         "two bare EVALSHA, B2 cross-process handoff vs the one-hop floor, B3 commands per "
-        "handoff, B4 idle cost, B5 10,000 renewed locks, B8 throughput.",
+        "handoff (Lock and FairLock), B4 idle cost, B5 10,000 renewed locks, B8 throughput, "
+        "B9 ReadWriteLock reads with one writer, B10 Semaphore(N) throughput vs N.",
     )
     parser.add_argument(
         "--quick",

@@ -30,7 +30,7 @@ from typing import Any, Final, final
 
 from redis.exceptions import NoScriptError, RedisError
 
-from ._lease import Hold
+from ._lease import Hold, HoldState
 
 __all__ = ("BATCH", "LeaseKeeper")
 
@@ -153,27 +153,38 @@ class LeaseKeeper:
         failed = False
         reload: dict[str, str] = {}
         for hold, (script, _, _), result in zip(due, calls, results, strict=True):
-            if not hold.live or hold not in self._holds:
-                continue
             if isinstance(result, NoScriptError):
                 reload[script.sha] = script.source
-                hold.renew_at = now  # again right after the reload
-            elif isinstance(result, BaseException) and self._topology.transient(result):
-                failed = True
-                self._retry_or_lose(hold, result, now)
-            elif isinstance(result, BaseException):
-                self._lose(hold, f"renewal failed: {result}")
-            elif int(result) == 1:
-                self.renewals += 1
-                hold.renewed(sent_at)
-            else:
-                self._lose(hold, "renewal found the lock expired or held by another owner")
+            failed = self.judge(hold, result, sent_at, now) or failed
         self._failures = self._failures + 1 if failed else 0
         for source in reload.values():
             try:
                 await asyncio.wait_for(topology.client.script_load(source), bound)
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 logger.debug("script reload failed: %s", exc)
+
+    def judge(self, hold: Hold, result: object, sent_at: float, now: float) -> bool:
+        """Act on ``hold``'s renewal ``result`` (sent at ``sent_at``); ``True`` when it failed
+        in a way worth retrying."""
+        if not hold.live or hold not in self._holds:
+            return False
+        if isinstance(result, NoScriptError):
+            hold.renew_at = now  # again right after the reload
+        elif isinstance(result, BaseException) and self._topology.transient(result):
+            self._retry_or_lose(hold, result, now)
+            return True
+        elif isinstance(result, BaseException):
+            self._lose(hold, f"renewal failed: {result}")
+        elif int(result) == 1:  # type: ignore[call-overload]
+            self.renewals += 1
+            hold.renewed(sent_at)
+        elif hold.state is HoldState.RELEASING:
+            # The task's release ran first (a hand-over's confirmation or a renewal in flight
+            # as it released): not a loss — the release's own answer settles the hold.
+            pass
+        else:
+            self._lose(hold, "renewal found the lock expired or held by another owner")
+        return False
 
     def _lose(self, hold: Hold, reason: str) -> None:
         self._holds.discard(hold)

@@ -185,3 +185,12 @@ def redlock_client(lock: Any) -> Any:
     """The client object a ``RedLock``'s state lives under (its fan-out over the masters): pass
     it to the other functions here."""
     return lock._redis
+
+
+def judge_renewal(client: Client, lease: Lease, result: object) -> None:
+    """Hand ``client``'s lease keeper a renewal answer for ``lease``, as if a renewal round trip
+    sent just now had returned ``result`` (1: renewed, 0: not held, an exception: failed)."""
+    state = _state(client)
+    assert state is not None
+    now = asyncio.get_running_loop().time()
+    state.keeper.judge(lease._hold, result, now, now)

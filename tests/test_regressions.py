@@ -36,7 +36,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from redis_locks_async import Lease, Lock, LockError, LockLostError, LockNotOwnedError
+from redis_locks_async import HoldState, Lease, Lock, LockError, LockLostError, LockNotOwnedError
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
@@ -1356,3 +1356,46 @@ class TestFencingAcrossRestart:
 
 async def _equal(value: Awaitable[object], expected: object) -> bool:
     return await value == expected
+
+
+class TestFoundByBenchmarks:
+    """Bugs the benchmarks' own checks reported."""
+
+    async def test_confirmation_answered_after_the_release_is_no_loss(
+        self, fault_proxy: FaultProxy, connect: Connect, name: str
+    ) -> None:
+        """Bug: a task that released a lock right after getting it (a hand-over, B3/B10) got
+        ``on_lost``: the keeper's renewal (the hand-over's confirmation), in flight while the
+        release ran, found the lock already gone and reported the released lease as lost."""
+        lost: list[Lease] = []
+        client = connect(fault_proxy.url)
+        lock = Lock(client, name, on_lost=lost.append)
+        other = Lock(connect(), name)
+        acquired, go = asyncio.Event(), asyncio.Event()
+        assert await lock.acquire()  # warm-up: scripts loaded, connections open
+        await lock.release()
+
+        async def holder() -> None:
+            await lock.acquire()
+            acquired.set()
+            await go.wait()
+            await lock.release()
+
+        task = asyncio.create_task(holder())
+        await asyncio.wait_for(acquired.wait(), 5)
+        lease = introspect.lease_of(client, name, task)
+        assert lease is not None
+        fault_proxy.hold_replies()
+        go.set()
+        for _ in range(500):  # the release ran on the server; its reply is held
+            if not await other.locked():
+                break
+            await asyncio.sleep(0.01)
+        assert not await other.locked()
+        state = lease.state
+        assert state is HoldState.RELEASING
+        introspect.judge_renewal(client, lease, 0)  # the renewal in flight: "not held"
+        assert not lease.lost
+        fault_proxy.release_replies()
+        await asyncio.wait_for(task, 5)
+        assert lease.state is HoldState.RELEASED and not lost

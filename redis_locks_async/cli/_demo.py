@@ -333,10 +333,7 @@ def _analyse(per_lock: dict[str, list[_Hold]], violations: dict[str, int]) -> _F
         for before, after in itertools.pairwise(by_token):
             # Only a direct successor (tokens only grow, so the next one in token order), in
             # another process, already waiting at the release.
-            if (
-                after.waited_from <= before.released
-                and after.worker != before.worker
-            ):
+            if after.waited_from <= before.released and after.worker != before.worker:
                 found.handoffs_ms.append((after.acquired - before.released) / 1e6)
     return found
 

@@ -550,6 +550,8 @@ def run_list(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             render_list(views, sys.stdout)
+            if not views:
+                print(f"no held lock matches {args.pattern!r}", file=sys.stderr)
             if truncated:
                 print(f"(stopped at --limit {args.limit}; there may be more)", file=sys.stderr)
         return EXIT_OK if views else EXIT_NOTHING

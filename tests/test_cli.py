@@ -331,6 +331,7 @@ class TestList:
             Lock(client, f"{prefix}:lock"),
             FairLock(client, f"{prefix}:fair"),
             ReadWriteLock(client, f"{prefix}:rw").write,
+            ReadWriteLock(client, f"{prefix}:rwr").read,  # readers only: no writer fields
             Semaphore(client, f"{prefix}:sem", 3),
         ]
         for lock in locks:
@@ -354,6 +355,7 @@ class TestList:
                 "lock": "lock",
                 "fair": "lock",
                 "rw": "rw",
+                "rwr": "rw",
                 "sem": "sem",
             }
             assert all(e["holders"] == 1 and e["lease_ms"] > 0 for e in found.values())
@@ -363,7 +365,7 @@ class TestList:
             assert table.code == 0, table
             assert table.out.splitlines()[0].split() == ["KIND", "HOLDERS", "LEASE", "LEFT", "NAME"]
             assert re.search(rf"^sem\s+1/3\s+\d+\.\d{{3}} s\s+{prefix}:sem$", table.out, re.M)
-            assert len(table.out.splitlines()) == 5, table
+            assert len(table.out.splitlines()) == 6, table
 
             limited = await cli(redis_url, "list", f"*{prefix}*", "--limit", "2", "--json")
             assert limited.code == 0, limited

@@ -363,10 +363,12 @@ def seconds(ms: int | None) -> str:
 def _holder_line(holder: Holder) -> str:
     reentries = holder.holds - 1
     side = f"{holder.side} " if holder.side else ""
-    plural = "y" if reentries == 1 else "ies"
+    holds = ""
+    if holder.side != "permit":  # a permit is never re-entered
+        plural = "y" if reentries == 1 else "ies"
+        holds = f"  holds {holder.holds} ({reentries} re-entr{plural})"
     return (
-        f"{side}{holder.owner}  token {holder.token}  holds {holder.holds} "
-        f"({reentries} re-entr{plural})  lease left {seconds(holder.lease_ms)}"
+        f"{side}{holder.owner}  token {holder.token}{holds}  lease left {seconds(holder.lease_ms)}"
     )
 
 

@@ -137,9 +137,11 @@ async def owner_in_redis(inspector: aioredis.Redis, name: str) -> str | None:
     return None if owner is None else _text(owner)
 
 
-async def registered_waiters(inspector: aioredis.Redis, name: str) -> set[str]:
-    """Owner ids registered in Redis as waiting for ``name``."""
-    keys = LockKeys.for_name(name)
+async def registered_waiters(
+    inspector: aioredis.Redis, name: str, layout: str = "lock"
+) -> set[str]:
+    """Owner ids registered in Redis as waiting for ``name`` (see :func:`aux_keys`)."""
+    keys = LockKeys.for_name(name, layout)
     return {_text(member) for member in await inspector.zrange(keys.queue, 0, -1)}
 
 

@@ -33,6 +33,7 @@ from ._stats import command_delta, percentile
 
 TICK_S = 0.005  # the lag ticker's sleep
 POOL = 64
+RELEASE_GATE = 256  # releases in flight at once when the window ends
 TARGET_ROUND_TRIPS = 1.0  # per renewal tick per 1,000 locks (one node)
 TARGET_LAG_MS = 20.0
 
@@ -122,8 +123,14 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
         nonlocal on_lost_calls
         on_lost_calls += 1
 
+    # The release at the end goes through a gate: 10,000 releases queued at once for 64
+    # connections would starve the lease keeper's renewals of a connection for longer than a
+    # 3 s lease on this machine (a burst the application should pace, not a renewal cost).
+    gate = asyncio.Semaphore(RELEASE_GATE)
+
     async def hold(index: int) -> None:
         nonlocal held
+        entered = False
         try:
             async with Lock(client, names[index], lease=config.lease_s, on_lost=on_lost) as lease:
                 leases[index] = lease
@@ -131,9 +138,14 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
                 if held == config.locks:
                     all_held.set()
                 await stop.wait()
+                await gate.acquire()
+                entered = True
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
             all_held.set()
+        finally:
+            if entered:
+                gate.release()
 
     ticker = _Ticker()
     ticker.start()

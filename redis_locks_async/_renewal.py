@@ -48,6 +48,10 @@ def _due_at(hold: Hold) -> float:
     return hold.renew_at if hold.wants_renewal else hold.expires_at
 
 
+def _expiry(hold: Hold) -> float:
+    return hold.expires_at
+
+
 def _ripe(hold: Hold, now: float) -> bool:
     """Whether ``hold`` may be renewed now with a batch due anyway: it is at least halfway
     through its renewal period (renewing it early keeps holds in step, so that they share
@@ -130,7 +134,11 @@ class LeaseKeeper:
                 else:
                     next_at = min(next_at, _due_at(hold))
             if next_at <= now:
-                due = [hold for hold in self._holds if _ripe(hold, now)]
+                # Soonest expiry first: a round trip is bounded by its batch's earliest expiry,
+                # so holds close to the end of their lease never shorten the others' bound.
+                due = sorted(
+                    (hold for hold in self._holds if _ripe(hold, now)), key=_expiry
+                )
                 for start in range(0, len(due), BATCH):
                     await self._renew(due[start : start + BATCH])
                 continue

@@ -1,0 +1,135 @@
+"""Regression tests from a hostile review of RedLock, the cluster topology, replica sync and
+``max_hold`` (and their compositions with the core). Each test's docstring names the bug and
+the scenario that exposed it; a test marked ``xfail(strict=True)`` documents a bug that is not
+fixed yet (it must keep failing until it is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from redis_locks_async import RedLock
+from tests.servers import ServerProcess
+
+Clients = Callable[..., list[aioredis.Redis]]
+
+
+@pytest.fixture(scope="module")
+def masters(server_binary: Path) -> Iterator[list[ServerProcess]]:
+    """Three independent masters for the module."""
+    procs = [ServerProcess(server_binary) for _ in range(3)]
+    try:
+        for proc in procs:
+            proc.start()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _heal(masters: list[ServerProcess]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for proc in masters:
+            proc.ensure_running()
+
+
+@pytest.fixture
+async def clients(masters: list[ServerProcess]) -> AsyncIterator[Clients]:
+    """``clients(**kwargs)``: a fresh client per master; all closed at teardown."""
+    opened: list[aioredis.Redis] = []
+
+    def open_clients(**kwargs: object) -> list[aioredis.Redis]:
+        made = [
+            aioredis.Redis.from_url(proc.url, socket_connect_timeout=1.0, **kwargs)  # type: ignore[arg-type]
+            for proc in masters
+        ]
+        opened.extend(made)
+        return made
+
+    try:
+        yield open_clients
+    finally:
+        for client in opened:
+            await client.aclose()
+
+
+@pytest.fixture
+def name() -> str:
+    return f"review:{secrets.token_hex(6)}"
+
+
+async def _hold_elsewhere(
+    others: list[aioredis.Redis], name: str
+) -> tuple[asyncio.Task[None], asyncio.Event]:
+    """A task holding ``name`` through other clients (another process, as far as the locks
+    under test can tell), until the returned event is set."""
+    held, done = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with RedLock(others, name):
+            held.set()
+            await done.wait()
+
+    task = asyncio.create_task(hold())
+    await asyncio.wait_for(held.wait(), 5)
+    return task, done
+
+
+class TestRedLockObjects:
+    @pytest.mark.xfail(
+        strict=True, reason="a garbage-collected fan-out never closes its pub/sub connections"
+    )
+    async def test_redlock_per_call_does_not_exhaust_the_pool(
+        self, clients: Clients, name: str
+    ) -> None:
+        """Bug: a ``RedLock`` built per call (per request) leaked one pooled connection per
+        master every time it waited: each object's fan-out (kept only weakly) opened its own
+        pub/sub connections and was garbage-collected without closing them, so they stayed
+        "in use" in the masters' pools. With ``max_connections`` the pools ran dry and every
+        command on those clients (a plain PING) failed with ``MaxConnectionsError``."""
+        masters = clients(max_connections=4)
+        task, done = await _hold_elsewhere(clients(), name)
+        try:
+            for _ in range(6):
+                lock = RedLock(masters, name)
+                assert not await lock.acquire(timeout=0.2)
+                del lock
+                gc.collect()
+            assert await asyncio.wait_for(masters[0].ping(), 5)
+        finally:
+            done.set()
+            await task
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="RedLock objects share holds only with the same fan-out (same masters, same "
+        "order, same node_timeout — which the lease changes by default)",
+    )
+    async def test_reentry_through_a_redlock_with_another_lease(
+        self, clients: Clients, name: str
+    ) -> None:
+        """Bug: re-entry through another ``RedLock`` object on the same masters deadlocks the
+        holder against itself when the other object has a different lease (its default
+        ``node_timeout`` differs, so it gets a fan-out of its own with an empty table of
+        holds) or lists the masters in another order: ``acquire()`` waits for a lock the
+        calling task holds, until its timeout (for ever without one). ``Lock`` re-enters
+        through any object on the same client, whatever its lease."""
+        masters = clients()
+        first = RedLock(masters, name, lease=30.0)
+        other = RedLock(masters, name, lease=5.0)
+        reordered = RedLock(list(reversed(masters)), name, lease=30.0)
+        async with first:
+            assert await other.acquire(timeout=1.0)
+            await other.release()
+            assert await reordered.acquire(timeout=1.0)
+            await reordered.release()

@@ -618,12 +618,18 @@ class Masters:
 
 
 _FANOUTS: weakref.WeakValueDictionary[tuple[Hashable, ...], FanOut] = weakref.WeakValueDictionary()
+_PINNED: Final = "_redis_locks_async_fanouts"
 
 
 def fan_out(masters: Sequence[Any], node_timeout: float) -> FanOut:
     """The fan-out over ``masters`` (in this order) with ``node_timeout``: one per set, so
     that ``RedLock`` objects over the same masters share their holds (re-entry) and their
-    pub/sub connections."""
+    pub/sub connections.
+
+    A fan-out lives as long as its masters' clients (each client keeps a reference to it):
+    were it to die with the last ``RedLock`` object using it, a ``RedLock`` built per request
+    would open pub/sub connections of its own every time and never give them back to the
+    masters' pools (a garbage-collected runtime cannot close them)."""
     key = (*(id(m) for m in masters), node_timeout)
     fan = _FANOUTS.get(key)
     if fan is None:
@@ -637,4 +643,9 @@ def fan_out(masters: Sequence[Any], node_timeout: float) -> FanOut:
 
         for master in masters:
             close_with(master, close)
+            pinned = getattr(master, _PINNED, None)
+            if not isinstance(pinned, list):
+                pinned = []
+                setattr(master, _PINNED, pinned)
+            pinned.append(fan)  # a cycle (master -> fan -> master): collected with the masters
     return fan

@@ -86,9 +86,6 @@ async def _hold_elsewhere(
 
 
 class TestRedLockObjects:
-    @pytest.mark.xfail(
-        strict=True, reason="a garbage-collected fan-out never closes its pub/sub connections"
-    )
     async def test_redlock_per_call_does_not_exhaust_the_pool(
         self, clients: Clients, name: str
     ) -> None:

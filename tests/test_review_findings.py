@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import RedLock
+from redis_locks_async import LockError, RedLock
+from tests.conftest import ProxyFactory
+from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
 
 Clients = Callable[..., list[aioredis.Redis]]
@@ -61,6 +63,12 @@ async def clients(masters: list[ServerProcess]) -> AsyncIterator[Clients]:
     finally:
         for client in opened:
             await client.aclose()
+
+
+@pytest.fixture
+async def proxies(masters: list[ServerProcess], proxy_factory: ProxyFactory) -> list[FaultProxy]:
+    """A fault proxy in front of each master."""
+    return [await proxy_factory(proc.host, proc.port) for proc in masters]
 
 
 @pytest.fixture
@@ -130,3 +138,48 @@ class TestRedLockObjects:
             await other.release()
             assert await reordered.acquire(timeout=1.0)
             await reordered.release()
+
+
+class TestExtend:
+    @pytest.mark.xfail(strict=True, reason="a failed extend keeps the local expiry of the old lease")
+    async def test_failed_shorter_extend_does_not_leave_a_stale_valid_lease(
+        self, clients: Clients, proxies: list[FaultProxy], name: str
+    ) -> None:
+        """Bug: ``extend(shorter)`` that fails after it may have run (replies late or lost:
+        here two of three masters apply it but answer after ``node_timeout``) raised, and the
+        hold kept the local expiry of the old lease. The masters' keys expired with the short
+        lease, another client took the lock, and the first holder still saw itself as the
+        valid owner (``lost`` false, ~28 s ``remaining()``) until its next renewal, a third of
+        the old lease later: two holders at once, the loss unsignalled."""
+        via_proxies = [
+            aioredis.Redis.from_url(proxy.url, socket_connect_timeout=1.0) for proxy in proxies
+        ]
+        direct = clients()
+        lock = RedLock(via_proxies, name, lease=30.0)
+        try:
+            async with lock as lease:
+                await lock.extend()  # the renewal script is known everywhere from now on
+                for client in via_proxies:
+                    await client.ping()  # and each pool has a connected connection
+                proxies[1].hold_replies()
+                proxies[2].hold_replies()
+                with pytest.raises(LockError):
+                    await lock.extend(1.0)
+                for proxy in proxies:
+                    proxy.heal()
+                await asyncio.sleep(1.5)
+                other = RedLock(direct, name, lease=30.0)
+                taken = await other.acquire(blocking=False)
+                if taken:
+                    await other.release()
+                # Either the hold is still the quorum's (its renewal restored it), or its
+                # loss has been signalled — never both "valid here" and "taken there".
+                assert not (taken and not lease.lost), (
+                    f"another client took {name!r} while the holder's lease says it is valid "
+                    f"for {lease.remaining():.1f} s more"
+                )
+        except LockError:
+            pass  # leaving the block after the loss
+        finally:
+            for client in via_proxies:
+                await client.aclose()

@@ -697,8 +697,16 @@ class LockBase:
             renewed = await self._call(
                 runtime, self._policy.renew(hold.owner, length).run(self._redis), None, None
             )
-        except (RedisError, OSError) as exc:
-            raise await self._explain(exc, "extend") from exc
+        except BaseException as exc:
+            # The renewal may have run all the same (its reply late or lost, the caller
+            # cancelled): the server's lease may now be the shorter one.
+            margin = hold.margin(length) if hold.margin is not None else 0.0
+            if hold.live and sent_at + length - margin < hold.expires_at:
+                hold.server_ttl(sent_at, length - margin)  # and renew at once
+                runtime.keeper.reschedule(hold)
+            if isinstance(exc, (RedisError, OSError)):
+                raise await self._explain(exc, "extend") from exc
+            raise
         if int(renewed) != 1:  # type: ignore[call-overload]
             self._lose(runtime, hold, "extend found the lock expired or held by another owner")
             self._forget(runtime, hold)

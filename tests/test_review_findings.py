@@ -141,7 +141,6 @@ class TestRedLockObjects:
 
 
 class TestExtend:
-    @pytest.mark.xfail(strict=True, reason="a failed extend keeps the local expiry of the old lease")
     async def test_failed_shorter_extend_does_not_leave_a_stale_valid_lease(
         self, clients: Clients, proxies: list[FaultProxy], name: str
     ) -> None:

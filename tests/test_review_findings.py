@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import LockError, RedLock
+from redis_locks_async import LockError, LockLostError, RedLock
 from tests.conftest import ProxyFactory
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
@@ -182,3 +182,28 @@ class TestExtend:
         finally:
             for client in via_proxies:
                 await client.aclose()
+
+
+class TestLostOnAMajority:
+    @pytest.mark.xfail(strict=True, reason="a re-entry that finds the lease lost leaves it alone")
+    async def test_lost_reentry_gives_up_the_minority_copies(
+        self, clients: Clients, name: str
+    ) -> None:
+        """Bug: a re-entry (or ``extend``) that finds the hold gone on a majority of masters
+        signalled the loss but left the copy on the minority alone — keyed by nobody, kept for
+        the whole lease (a master fewer for every other client, one failure from no quorum),
+        and the fan-out's record of the owner was never dropped (a small leak per loss).
+        Scenario: two of three masters lose the key (restarted empty; here an external
+        ``DEL``), the holder re-enters, gets ``LockLostError`` and leaves its block."""
+        masters, direct = clients(), clients()
+        lock = RedLock(masters, name, lease=30.0)
+        with pytest.raises(LockLostError):
+            async with lock:
+                await direct[0].delete(name)
+                await direct[1].delete(name)
+                await lock.acquire()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while await direct[2].exists(name) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert not await direct[2].exists(name), "the minority's copy outlived the lost hold"

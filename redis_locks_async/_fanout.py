@@ -263,6 +263,11 @@ class FanOut:
             ]
         gone = -1 if role == "reenter" else 0
         if sum(1 for r in results if _status(r) == gone) > len(self.masters) - self.quorum:
+            # Lost: give up what the minority still has (nobody would renew or release it).
+            state = self._owners.get(owner)
+            if state is not None and state.value == value:
+                state.value = None
+                self._sweep(state, owner, value)
             return [-1, 0, 0, 0] if role == "reenter" else 0
         raise _no_quorum(results, role)
 

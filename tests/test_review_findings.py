@@ -185,7 +185,6 @@ class TestExtend:
 
 
 class TestLostOnAMajority:
-    @pytest.mark.xfail(strict=True, reason="a re-entry that finds the lease lost leaves it alone")
     async def test_lost_reentry_gives_up_the_minority_copies(
         self, clients: Clients, name: str
     ) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import LockError, LockLostError, RedLock
+from redis_locks_async import Lock, LockError, LockLostError, RedLock
 from tests.conftest import ProxyFactory
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
@@ -206,3 +206,34 @@ class TestLostOnAMajority:
         while await direct[2].exists(name) and loop.time() < deadline:
             await asyncio.sleep(0.05)
         assert not await direct[2].exists(name), "the minority's copy outlived the lost hold"
+
+
+class TestMaxHold:
+    @pytest.mark.xfail(strict=True, reason="a re-entry renews the lease whatever max_hold says")
+    async def test_reentry_does_not_carry_the_hold_past_max_hold(
+        self, clients: Clients, name: str
+    ) -> None:
+        """Bug: a re-entry renewed the server's lease to the full ``lease`` without looking at
+        ``max_hold`` (``extend()`` refuses that), so re-entering shortly before the cap kept
+        the lock held — on the server and locally, not lost — well past ``max_hold``.
+        Scenario: lease 1 s, max_hold 1.2 s, re-enter at 0.8 s, look at 1.5 s."""
+        client = clients()[0]
+        lock = Lock(client, name, lease=1.0, max_hold=1.2)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await lock.acquire()
+        lease = lock.current_lease
+        assert lease is not None
+        await asyncio.sleep(0.8)
+        assert await lock.acquire()
+        await asyncio.sleep(max(0.0, start + 1.6 - loop.time()))
+        assert lease.lost, f"still held {loop.time() - start:.2f} s after acquiring (max_hold 1.2)"
+        assert not await client.exists(name)
+
+    @pytest.mark.xfail(strict=True, reason="max_hold below the lease is accepted and ignored")
+    def test_max_hold_below_the_lease_is_refused(self) -> None:
+        """Bug: ``max_hold`` shorter than ``lease`` was accepted, and the hold then lasted the
+        whole lease (the acquisition itself sets it), e.g. 5 s for ``max_hold=0.5`` — the cap
+        silently meant nothing. It must be refused at the call (a ``ValueError``)."""
+        with pytest.raises(ValueError, match="max_hold"):
+            Lock(aioredis.Redis(), "x", lease=5.0, max_hold=0.5)

@@ -424,6 +424,11 @@ class LockBase:
             raise TypeError(f"replica_fsync must be a bool, not {type(replica_fsync).__name__}")
         self._replica_fsync = replica_fsync
         self._lease = check_lease(lease)
+        if self._max_hold is not None and self._max_hold < self._lease:
+            raise ValueError(
+                f"max_hold must be at least the lease ({self._lease:g} s), got {max_hold!r}: "
+                "an acquisition holds the lock for a whole lease"
+            )
         self._timeout = check_timeout(timeout)
         self._claim = check_lease(claim_timeout, "claim_timeout")
         self._lease_ms = to_ms(self._lease)
@@ -1267,11 +1272,14 @@ class LockBase:
         sent_at = loop.time()
         sharded = runtime.topology.sharded
         owner = hold.owner
+        length = self._lease
+        if hold.renew_until is not None:  # max_hold: a re-entry never carries the hold past it
+            length = min(length, max(0.001, hold.renew_until - sent_at))
 
         try:
             raw = await self._direct(
                 runtime,
-                self._policy.reenter(owner, entry, self._lease_ms),
+                self._policy.reenter(owner, entry, to_ms(length)),
                 lambda: self._policy.release(owner, "entry", entry, sharded).run(self._redis),
             )
             reply = Reply(*ints(raw, 4))
@@ -1291,7 +1299,7 @@ class LockBase:
             )
         hold.entries.append(entry)
         self._counters.reentries += 1
-        hold.renewed(sent_at, self._lease)
+        hold.renewed(sent_at, length)
         runtime.keeper.reschedule(hold)
         return True
 

@@ -209,7 +209,6 @@ class TestLostOnAMajority:
 
 
 class TestMaxHold:
-    @pytest.mark.xfail(strict=True, reason="a re-entry renews the lease whatever max_hold says")
     async def test_reentry_does_not_carry_the_hold_past_max_hold(
         self, clients: Clients, name: str
     ) -> None:
@@ -230,7 +229,6 @@ class TestMaxHold:
         assert lease.lost, f"still held {loop.time() - start:.2f} s after acquiring (max_hold 1.2)"
         assert not await client.exists(name)
 
-    @pytest.mark.xfail(strict=True, reason="max_hold below the lease is accepted and ignored")
     def test_max_hold_below_the_lease_is_refused(self) -> None:
         """Bug: ``max_hold`` shorter than ``lease`` was accepted, and the hold then lasted the
         whole lease (the acquisition itself sets it), e.g. 5 s for ``max_hold=0.5`` — the cap

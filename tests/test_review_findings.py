@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,6 +74,20 @@ async def proxies(masters: list[ServerProcess], proxy_factory: ProxyFactory) -> 
 @pytest.fixture
 def name() -> str:
     return f"review:{secrets.token_hex(6)}"
+
+
+async def _until(
+    probe: Callable[[], Awaitable[object]], wanted: object, what: str, within: float
+) -> None:
+    """Poll ``probe()`` every 50 ms until it returns ``wanted``; fail naming ``what``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        if await probe() == wanted:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(0.05)
 
 
 async def _hold_elsewhere(
@@ -201,11 +215,7 @@ class TestLostOnAMajority:
                 await direct[0].delete(name)
                 await direct[1].delete(name)
                 await lock.acquire()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5.0
-        while await direct[2].exists(name) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        assert not await direct[2].exists(name), "the minority's copy outlived the lost hold"
+        await _until(lambda: direct[2].exists(name), 0, "the minority's copy to go", 5.0)
 
 
 class TestMaxHold:

@@ -245,3 +245,32 @@ class TestMaxHold:
         silently meant nothing. It must be refused at the call (a ``ValueError``)."""
         with pytest.raises(ValueError, match="max_hold"):
             Lock(aioredis.Redis(), "x", lease=5.0, max_hold=0.5)
+
+
+class TestOneMasterRefusing:
+    @pytest.mark.xfail(strict=True, reason="a refusing master fails every contended round")
+    async def test_a_master_refusing_writes_does_not_fail_waiting_acquires(
+        self, clients: Clients, name: str
+    ) -> None:
+        """Bug: one master of three that refuses the script (here out of memory under
+        ``maxmemory`` with ``noeviction``; a wrong-type key under the name does the same) made
+        every *contended* RedLock acquire raise ``LockError`` at once instead of waiting, while
+        an uncontended acquire on the same masters succeeded: a failed round re-raised any
+        non-transient error of any master, although the quorum tolerates N - quorum failed
+        masters."""
+        masters, others = clients(), clients()
+        await masters[2].config_set("maxmemory-policy", "noeviction")
+        await masters[2].config_set("maxmemory", "1")
+        try:
+            task, done = await _hold_elsewhere(others, name)
+            lock = RedLock(masters, name)
+            try:
+                for _ in range(3):
+                    assert not await lock.acquire(timeout=0.3)
+            finally:
+                done.set()
+                await task
+            assert await lock.acquire(timeout=5)
+            await lock.release()
+        finally:
+            await masters[2].config_set("maxmemory", "0")

@@ -300,12 +300,18 @@ class FanOut:
             ]
         # A failed round: abandon it on every master, whatever each answered.
         self._sweep(state, owner, value)
-        for result in results:
-            if isinstance(result, ResponseError) and not transient_error(result):
-                raise result  # a wrong-type key, a refused script: the caller must see it
-        for result in results:
-            if _status(result) == -2:
-                return [-2, 1, 0, 0]
+        refused = [
+            r
+            for r in results
+            if (isinstance(r, ResponseError) and not transient_error(r)) or _status(r) == -2
+        ]
+        if len(refused) > len(self.masters) - self.quorum:
+            # A wrong-type key, a refused script on so many masters that no quorum is possible:
+            # the caller must see it. Fewer are failed masters, which a quorum tolerates.
+            for result in refused:
+                if isinstance(result, ResponseError):
+                    raise result
+            return [-2, 1, 0, 0]
         return [0, 0, 0, self._retry_ms(results, lease)]
 
     def _retry_ms(self, results: list[object], lease: float) -> int:

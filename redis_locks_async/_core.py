@@ -437,6 +437,11 @@ class LockBase:
             raise TypeError(f"replica_fsync must be a bool, not {type(replica_fsync).__name__}")
         self._replica_fsync = replica_fsync
         self._lease = check_lease(lease)
+        if self._max_hold is not None and self._max_hold < self._lease:
+            raise ValueError(
+                f"max_hold must be at least the lease ({self._lease:g} s), got {max_hold!r}: "
+                "an acquisition holds the lock for a whole lease"
+            )
         self._timeout = check_timeout(timeout)
         self._claim = check_lease(claim_timeout, "claim_timeout")
         self._lease_ms = to_ms(self._lease)
@@ -710,8 +715,16 @@ class LockBase:
             renewed = await self._call(
                 runtime, self._policy.renew(hold.owner, length).run(self._redis), None, None
             )
-        except (RedisError, OSError) as exc:
-            raise await self._explain(exc, "extend") from exc
+        except BaseException as exc:
+            # The renewal may have run all the same (its reply late or lost, the caller
+            # cancelled): the server's lease may now be the shorter one.
+            margin = hold.margin(length) if hold.margin is not None else 0.0
+            if hold.live and sent_at + length - margin < hold.expires_at:
+                hold.server_ttl(sent_at, length - margin)  # and renew at once
+                runtime.keeper.reschedule(hold)
+            if isinstance(exc, (RedisError, OSError)):
+                raise await self._explain(exc, "extend") from exc
+            raise
         if int(renewed) != 1:  # type: ignore[call-overload]
             self._lose(runtime, hold, "extend found the lock expired or held by another owner")
             self._forget(runtime, hold)
@@ -1272,11 +1285,14 @@ class LockBase:
         sent_at = loop.time()
         sharded = runtime.topology.sharded
         owner = hold.owner
+        length = self._lease
+        if hold.renew_until is not None:  # max_hold: a re-entry never carries the hold past it
+            length = min(length, max(0.001, hold.renew_until - sent_at))
 
         try:
             raw = await self._direct(
                 runtime,
-                self._policy.reenter(owner, entry, self._lease_ms),
+                self._policy.reenter(owner, entry, to_ms(length)),
                 lambda: self._policy.release(owner, "entry", entry, sharded).run(self._redis),
             )
             reply = Reply(*ints(raw, 4))
@@ -1296,7 +1312,7 @@ class LockBase:
             )
         hold.entries.append(entry)
         self._counters.reentries += 1
-        hold.renewed(sent_at, self._lease)
+        hold.renewed(sent_at, length)
         runtime.keeper.reschedule(hold)
         return True
 

@@ -263,6 +263,11 @@ class FanOut:
             ]
         gone = -1 if role == "reenter" else 0
         if sum(1 for r in results if _status(r) == gone) > len(self.masters) - self.quorum:
+            # Lost: give up what the minority still has (nobody would renew or release it).
+            state = self._owners.get(owner)
+            if state is not None and state.value == value:
+                state.value = None
+                self._sweep(state, owner, value)
             return [-1, 0, 0, 0] if role == "reenter" else 0
         raise _no_quorum(results, role)
 
@@ -295,12 +300,18 @@ class FanOut:
             ]
         # A failed round: abandon it on every master, whatever each answered.
         self._sweep(state, owner, value)
-        for result in results:
-            if isinstance(result, ResponseError) and not transient_error(result):
-                raise result  # a wrong-type key, a refused script: the caller must see it
-        for result in results:
-            if _status(result) == -2:
-                return [-2, 1, 0, 0]
+        refused = [
+            r
+            for r in results
+            if (isinstance(r, ResponseError) and not transient_error(r)) or _status(r) == -2
+        ]
+        if len(refused) > len(self.masters) - self.quorum:
+            # A wrong-type key, a refused script on so many masters that no quorum is possible:
+            # the caller must see it. Fewer are failed masters, which a quorum tolerates.
+            for result in refused:
+                if isinstance(result, ResponseError):
+                    raise result
+            return [-2, 1, 0, 0]
         return [0, 0, 0, self._retry_ms(results, lease)]
 
     def _retry_ms(self, results: list[object], lease: float) -> int:
@@ -618,12 +629,18 @@ class Masters:
 
 
 _FANOUTS: weakref.WeakValueDictionary[tuple[Hashable, ...], FanOut] = weakref.WeakValueDictionary()
+_PINNED: Final = "_redis_locks_async_fanouts"
 
 
 def fan_out(masters: Sequence[Any], node_timeout: float) -> FanOut:
     """The fan-out over ``masters`` (in this order) with ``node_timeout``: one per set, so
     that ``RedLock`` objects over the same masters share their holds (re-entry) and their
-    pub/sub connections."""
+    pub/sub connections.
+
+    A fan-out lives as long as its masters' clients (each client keeps a reference to it):
+    were it to die with the last ``RedLock`` object using it, a ``RedLock`` built per request
+    would open pub/sub connections of its own every time and never give them back to the
+    masters' pools (a garbage-collected runtime cannot close them)."""
     key = (*(id(m) for m in masters), node_timeout)
     fan = _FANOUTS.get(key)
     if fan is None:
@@ -637,4 +654,9 @@ def fan_out(masters: Sequence[Any], node_timeout: float) -> FanOut:
 
         for master in masters:
             close_with(master, close)
+            pinned = getattr(master, _PINNED, None)
+            if not isinstance(pinned, list):
+                pinned = []
+                setattr(master, _PINNED, pinned)
+            pinned.append(fan)  # a cycle (master -> fan -> master): collected with the masters
     return fan

@@ -615,20 +615,27 @@ class LockBase:
         refused = policy.conflict(runtime.holds, task)
         if refused is not None:
             raise LockError(f"cannot acquire {self._name!r}: {refused}", name=self._name)
-        if await self._acquire(runtime, task, wait if blocking else 0.0):
+        limit = wait if blocking else 0.0
+        deadline = None if limit is None else runtime.loop.time() + max(limit, TRY_BOUND)
+        if await self._acquire(runtime, task, limit):
             if self._replicas:
-                await self._sync_replicas(runtime, task)
+                await self._sync_replicas(runtime, task, deadline)
             return True
         self._counters.timeouts += 1
         return False
 
-    async def _sync_replicas(self, runtime: Runtime, task: asyncio.Task[Any]) -> None:
+    async def _sync_replicas(
+        self, runtime: Runtime, task: asyncio.Task[Any], deadline: float | None
+    ) -> None:
         """Replica sync (``replicas=``): renew the fresh hold and ``WAIT`` (``WAITAOF``) for the
         replicas in one pipeline on one connection — the renewal follows the acquisition in the
         replication stream, so its acknowledgement covers the lock. Too few acknowledgements,
-        an error or a cancellation give the lock up (fenced, in the background) and fail."""
+        an error or a cancellation give the lock up (fenced, in the background) and fail. The
+        wait ends at the caller's ``deadline`` too (at least about a second after the call)."""
         hold = runtime.holds[(self._policy.hold_key, task)]
         wanted, timeout = self._replicas, self._replica_timeout
+        if deadline is not None:
+            timeout = max(0.001, min(timeout, deadline - runtime.loop.time()))
         call = self._policy.renew(hold.owner, hold.lease)
         waits = ("WAITAOF", 0, wanted) if self._replica_fsync else ("WAIT", wanted)
         problem = ""
@@ -644,7 +651,9 @@ class LockBase:
                 )
                 if not isinstance(renewed, NoScriptError):
                     break
-                await runtime.topology.client.script_load(call.script.source)
+                await asyncio.wait_for(
+                    runtime.topology.client.script_load(call.script.source), RELEASE_PATIENCE
+                )
             if _cancelling(current) > before:
                 raise asyncio.CancelledError()  # swallowed by redis-py on its way out
             if isinstance(renewed, BaseException) or isinstance(acked, BaseException):

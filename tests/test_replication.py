@@ -114,6 +114,24 @@ async def test_replica_sync_refuses_an_acquisition_no_replica_has(pair: Pair) ->
         await client.aclose()
 
 
+async def test_replica_sync_ends_with_the_callers_timeout(pair: Pair) -> None:
+    """Review finding: the replica sync waited ``replica_timeout`` (+1 s) whatever the caller's
+    ``acquire(timeout=…)``; it now ends with the caller's deadline (at least about a second)."""
+    client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    try:
+        await asyncio.to_thread(pair.cut_replica)
+        lock = Lock(client, "s4:deadline", replicas=1, replica_timeout=10.0)
+        started = time.monotonic()
+        with pytest.raises(LockError, match="replicas acknowledged"):
+            await lock.acquire(timeout=0.2)
+        assert time.monotonic() - started < 3.0
+        await _introspect.drain(client)
+        assert not await lock.locked()
+    finally:
+        pair.replica.resume()
+        await client.aclose()
+
+
 async def test_cancelled_during_replica_sync_holds_nothing(pair: Pair) -> None:
     """Cancelling an acquisition while it waits for its replicas gives the lock up: the
     caller gets its ``CancelledError`` and no ghost holds the lock."""

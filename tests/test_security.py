@@ -227,12 +227,14 @@ LOCK_COMMANDS = (
 )  # fmt: skip
 
 
-def acl_rules(prefix: str) -> list[str]:
-    """The documented ACL for lock names starting with ``prefix``."""
+def acl_rules(prefix: str, *, tagged: bool = False) -> list[str]:
+    """The documented ACL for lock names starting with ``prefix`` (``tagged``: also names with
+    a hash tag of their own, whose auxiliary keys and channels start with ``{tag}``)."""
     return [
         "reset", "on", ">pw",
         f"~{prefix}*", f"~{{{prefix}*",  # the names, and their auxiliary keys ({name}\xff…)
         "resetchannels", f"&{{{prefix}*",  # their channels ({name}:lock, …)
+        *([f"~{{*}}{prefix}*", f"&{{*}}{prefix}*"] if tagged else []),
         "-@all", *(f"+{command}" for command in LOCK_COMMANDS),
     ]  # fmt: skip
 
@@ -284,6 +286,19 @@ class TestAcl:
             assert await sem.free_permits() == 1
         async with Lock(a, f"{prefix}outer") as lease:
             assert lease.fencing_token > 0
+
+    @pytest.mark.parametrize("kind", ["Lock", "Semaphore"])  # the key layout is shared
+    async def test_names_with_a_hash_tag_need_the_tagged_patterns(
+        self, connect: Connect, client: aioredis.Redis, server: ServerProcess, kind: str
+    ) -> None:
+        user, prefix = f"tagged-{secrets.token_hex(4)}", f"app{secrets.token_hex(3)}:"
+        await set_user(client, user, acl_rules(prefix, tagged=True))
+        try:
+            a, b = connect(_user_url(server, user)), connect(_user_url(server, user))
+            for name in (f"{prefix}{{42}}", f"{prefix}a}}b"):
+                await exercise(PRIMITIVES[kind], a, b, name)
+        finally:
+            await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
 
     @pytest.mark.parametrize("kind", list(PRIMITIVES))
     async def test_user_without_the_key_pattern_gets_lock_error(

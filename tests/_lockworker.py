@@ -16,20 +16,42 @@ Run as ``python -m tests._lockworker --url URL --name NAME [--lease S] MODE``:
     ``hold <start ns> <end ns> <token>`` with :func:`time.monotonic_ns` (one clock for every
     process on the machine), taken strictly inside the hold: after ``acquire`` returned and
     before ``release`` is called. The lines are printed at the end, then ``done``.
+``chaos --tasks T --seconds S --fence FILE [--cancel-rate P] [--pause-at K] [--stick-at K]``
+    For ``tests/test_chaos.py`` (S1). Print ``ready``, wait for a line on stdin, then T tasks
+    contend for S seconds: each ``async with lock`` is cancelled at a random point with
+    probability P (``anyio.move_on_after``: in ``acquire`` or in the hold), and each hold writes
+    its fencing token twice to a **fenced resource** — ``FILE``, which keeps the highest token
+    it accepted and rejects lower ones (check-and-set under ``flock``) — once after ``acquire``
+    and once before leaving. Every event is printed (flushed) as it happens, so a process
+    killed mid-run leaves its record: ``begin PID START TOKEN``, ``write PID TOKEN T ok|rejected``,
+    ``end PID START END TOKEN`` (times from :func:`time.monotonic_ns`), ``lost PID TOKEN``,
+    ``error PID TEXT``, and at the end ``done PID``. Faults on demand: the K-th hold of the
+    process (``--pause-at``) prints ``stopping PID T TOKEN VALID`` after its first write
+    (``VALID``: when its lease ends, by its own conservative clock) and stops the process with
+    SIGSTOP — the test continues it once its lease is gone, and its second write must then be
+    rejected; the K-th hold (``--stick-at``) prints ``stuck PID T TOKEN`` and keeps
+    the lock (renewed) until the test SIGKILLs the process.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
+import math
+import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
+import anyio
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lock
+from redis_locks_async import Lease, Lock, LockError, LockLostError
 
 
 async def _hold(url: str, name: str, lease: float) -> None:
@@ -76,6 +98,82 @@ async def _contend(url: str, name: str, lease: float, tasks: int, rounds: int) -
     print("done", flush=True)
 
 
+def fenced_write(resource: Path, token: int) -> bool:
+    """Write ``token`` to the fenced resource unless it has seen a higher one (check-and-set
+    under an exclusive ``flock``, so processes never interleave). ``True`` when accepted."""
+    with resource.open("r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        text = handle.read().strip()
+        if text and token < int(text):
+            return False
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(token))
+        return True
+
+
+async def _chaos(url: str, name: str, lease: float, args: argparse.Namespace) -> None:
+    client = aioredis.Redis.from_url(url)
+    lock = Lock(client, name, lease=lease, timeout=5)
+    pid = os.getpid()
+    resource = Path(args.fence)
+    holds = 0
+
+    def say(*words: object) -> None:
+        print(*words, flush=True)
+
+    def write(token: int) -> None:
+        ok = fenced_write(resource, token)
+        say("write", pid, token, time.monotonic_ns(), "ok" if ok else "rejected")
+
+    async def hold(lease: Lease) -> None:
+        nonlocal holds
+        holds += 1
+        start, token = time.monotonic_ns(), lease.fencing_token
+        say("begin", pid, start, token)
+        try:
+            write(token)
+            if holds == args.pause_at:
+                # The holder's own view of how long its lease lasts (counted from when the
+                # acquire was sent, so it never ends later than the server's lease).
+                now = time.monotonic_ns()
+                say("stopping", pid, now, token, now + int(lease.remaining() * 1e9))
+                os.kill(pid, signal.SIGSTOP)  # the test continues us after our lease ended
+                write(token)  # at once: nothing (no renewal, no cancellation) runs before it
+                return
+            if holds == args.stick_at:
+                say("stuck", pid, time.monotonic_ns(), token)
+                with anyio.CancelScope(shield=True):  # no random cancellation ends this hold
+                    await anyio.sleep_forever()  # until SIGKILL
+            await asyncio.sleep(random.random() * 0.01)
+            write(token)
+        finally:
+            say("end", pid, start, time.monotonic_ns(), token)
+
+    async def one_task(deadline: float) -> None:
+        while time.monotonic() < deadline:
+            cancel = random.random() < args.cancel_rate
+            token = None
+            try:
+                with anyio.move_on_after(random.random() * 0.02 if cancel else math.inf):
+                    async with lock as lease:
+                        token = lease.fencing_token
+                        await hold(lease)
+            except LockLostError:
+                say("lost", pid, token)
+            except LockError as exc:  # a timeout, or the server restarting
+                say("error", pid, type(exc).__name__)
+                await asyncio.sleep(0.05)
+
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    deadline = time.monotonic() + args.seconds
+    await asyncio.gather(*(one_task(deadline) for _ in range(args.tasks)))
+    with contextlib.suppress(Exception):
+        await client.aclose()
+    say("done", pid)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests._lockworker", description=__doc__)
     parser.add_argument("--url", required=True)
@@ -87,11 +185,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     contend = modes.add_parser("contend")
     contend.add_argument("--tasks", type=int, default=3)
     contend.add_argument("--rounds", type=int, default=20)
+    chaos = modes.add_parser("chaos")
+    chaos.add_argument("--tasks", type=int, default=3)
+    chaos.add_argument("--seconds", type=float, default=10.0)
+    chaos.add_argument("--fence", required=True, help="the fenced resource (a file)")
+    chaos.add_argument("--cancel-rate", type=float, default=0.2)
+    chaos.add_argument("--pause-at", type=int, default=0, help="SIGSTOP self in this hold")
+    chaos.add_argument("--stick-at", type=int, default=0, help="keep this hold until killed")
     args = parser.parse_args(argv)
     if args.mode == "hold":
         asyncio.run(_hold(args.url, args.name, args.lease))
     elif args.mode == "wait":
         asyncio.run(_wait(args.url, args.name, args.lease))
+    elif args.mode == "chaos":
+        asyncio.run(_chaos(args.url, args.name, args.lease, args))
     else:
         asyncio.run(_contend(args.url, args.name, args.lease, args.tasks, args.rounds))
     return 0

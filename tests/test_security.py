@@ -316,3 +316,31 @@ class TestAcl:
                 await asyncio.wait_for(lock.acquire(blocking=False), 5)
         finally:
             await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+
+    async def test_user_without_the_channel_pattern_gets_lock_error_when_waiting(
+        self, connect: Connect, client: aioredis.Redis, server: ServerProcess
+    ) -> None:
+        """Regression: a user whose ACL lacked the lock's channel waited blind — until its
+        timeout (forever without one) — while the pub/sub listener reconnected in a hot loop
+        (about a thousand refused ``SUBSCRIBE`` per second). The waiter now gets a
+        ``LockError`` naming the refused channel, and reconnections back off."""
+        user, prefix = f"deaf-{secrets.token_hex(4)}", f"app{secrets.token_hex(3)}:"
+        rules = [rule for rule in acl_rules(prefix) if not rule.startswith("&")]
+        await set_user(client, user, [*rules, "&elsewhere:*"])
+        try:
+            held = Lock(client, f"{prefix}busy")
+            assert await held.acquire(blocking=False)
+            conn = connect(_user_url(server, user))
+            with pytest.raises(LockError, match="refused to subscribe"):
+                await asyncio.wait_for(Lock(conn, f"{prefix}busy").acquire(), 5)
+            await asyncio.sleep(1.0)
+            log = await client.execute_command("ACL", "LOG")  # type: ignore[no-untyped-call]
+            refusals = sum(
+                int(entry[b"count"])
+                for entry in log
+                if entry[b"username"] == user.encode() and entry[b"reason"] == b"channel"
+            )
+            assert 1 <= refusals <= 10, f"{refusals} refused subscriptions"
+            await held.release()
+        finally:
+            await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]

@@ -23,14 +23,15 @@ Run as ``python -m tests._lockworker --url URL --name NAME [--lease S] MODE``:
     its fencing token twice to a **fenced resource** — ``FILE``, which keeps the highest token
     it accepted and rejects lower ones (check-and-set under ``flock``) — once after ``acquire``
     and once before leaving. Every event is printed (flushed) as it happens, so a process
-    killed mid-run leaves its record: ``begin PID START TOKEN``, ``write PID TOKEN T ok|rejected``,
+    killed mid-run leaves its record: ``begin PID START TOKEN VALID``,
+    ``write PID TOKEN T ok|rejected VALID`` (``VALID``: when the lease ends by the holder's own
+    conservative clock, :meth:`Lease.remaining`),
     ``end PID START END TOKEN`` (times from :func:`time.monotonic_ns`), ``lost PID TOKEN``,
     ``error PID TEXT``, and at the end ``done PID``. Faults on demand: the K-th hold of the
     process (``--pause-at``) prints ``stopping PID T TOKEN VALID`` after its first write
-    (``VALID``: when its lease ends, by its own conservative clock) and stops the process with
-    SIGSTOP — the test continues it once its lease is gone, and its second write must then be
-    rejected; the K-th hold (``--stick-at``) prints ``stuck PID T TOKEN`` and keeps
-    the lock (renewed) until the test SIGKILLs the process.
+    and stops the process with SIGSTOP — the test continues it once its lease is gone, and its
+    second write must then be rejected; the K-th hold (``--stick-at``) prints ``stuck PID T
+    TOKEN`` and keeps the lock (renewed) until the test SIGKILLs the process.
 """
 
 from __future__ import annotations
@@ -122,31 +123,38 @@ async def _chaos(url: str, name: str, lease: float, args: argparse.Namespace) ->
     def say(*words: object) -> None:
         print(*words, flush=True)
 
-    def write(token: int) -> None:
-        ok = fenced_write(resource, token)
-        say("write", pid, token, time.monotonic_ns(), "ok" if ok else "rejected")
+    def valid(lease: Lease) -> int:
+        # When the lease ends by the holder's own conservative clock (counted from when the
+        # acquire or renewal was sent, so never later than on the server); now if lost.
+        now = time.monotonic_ns()
+        return now + int(lease.remaining() * 1e9)
+
+    def write(lease: Lease) -> None:
+        until = valid(lease)
+        ok = fenced_write(resource, lease.fencing_token)
+        at = time.monotonic_ns()
+        say("write", pid, lease.fencing_token, at, "ok" if ok else "rejected", until)
 
     async def hold(lease: Lease) -> None:
         nonlocal holds
         holds += 1
         start, token = time.monotonic_ns(), lease.fencing_token
-        say("begin", pid, start, token)
+        say("begin", pid, start, token, valid(lease))
         try:
-            write(token)
+            write(lease)
             if holds == args.pause_at:
                 # The holder's own view of how long its lease lasts (counted from when the
                 # acquire was sent, so it never ends later than the server's lease).
-                now = time.monotonic_ns()
-                say("stopping", pid, now, token, now + int(lease.remaining() * 1e9))
+                say("stopping", pid, time.monotonic_ns(), token, valid(lease))
                 os.kill(pid, signal.SIGSTOP)  # the test continues us after our lease ended
-                write(token)  # at once: nothing (no renewal, no cancellation) runs before it
+                write(lease)  # at once: nothing (no renewal, no cancellation) runs before it
                 return
             if holds == args.stick_at:
                 say("stuck", pid, time.monotonic_ns(), token)
                 with anyio.CancelScope(shield=True):  # no random cancellation ends this hold
                     await anyio.sleep_forever()  # until SIGKILL
             await asyncio.sleep(random.random() * 0.01)
-            write(token)
+            write(lease)
         finally:
             say("end", pid, start, time.monotonic_ns(), token)
 

@@ -18,12 +18,13 @@ Every hold is recorded by its process as it happens (``begin``/``end`` on the ma
 a file keeping the highest token it accepted and refusing lower ones (``fenced_write``).
 
 A hold is **valid** until it ends, except that a hold of a stopped process is valid only until
-its lease ends by its own conservative clock (``Lease.remaining()`` when it stopped), a hold of
-a killed process until the kill, and a hold that spans the server restart until the restart
-began (the server forgot it). Asserted: no two valid holds overlap; tokens strictly increase in
-the order holds began; every write the fence rejected came from a hold past its validity, and
-the stopped holder's late write was rejected; the killed holder's lock went to a waiter within
-lease + 1 s; every process finished.
+its lease ends by its own conservative clock (``Lease.remaining()`` when it stopped), a hold
+whose loss was signalled (``LockLostError``: a renewal came too late, on a loaded machine) until
+the latest lease end its holder saw, a hold of a killed process until the kill, and a hold that
+spans the server restart until the restart began (the server forgot it). Asserted: no two valid
+holds overlap; tokens strictly increase in the order holds began; every write the fence
+rejected came from a hold past its validity, and the stopped holder's late write was rejected;
+the killed holder's lock went to a waiter within lease + 1 s; every process finished.
 
 Bounded for CI (about 20 s of contention); ``REDIS_LOCKS_CHAOS_SECONDS=300`` runs longer by hand.
 """
@@ -60,7 +61,9 @@ class Hold:
     pid: int
     start: int
     token: int
+    seen_valid: int  # the latest lease end the holder saw (VALID of its begin/write lines)
     end: int | None = None  # None: the process died holding it
+    lost: bool = False  # the holder was told its lease was lost (LockLostError)
     valid_end: int = 0  # filled in by the analysis
 
 
@@ -69,6 +72,7 @@ class Run:
     """What the workers reported, and what the test did to them."""
 
     holds: dict[tuple[int, int], Hold] = field(default_factory=dict)  # (pid, start)
+    by_token: dict[int, Hold] = field(default_factory=dict)
     writes: list[tuple[int, int, int, bool]] = field(default_factory=list)  # pid, token, t, ok
     stopped: dict[int, tuple[int, int]] = field(default_factory=dict)  # pid -> (valid, token)
     killed: dict[int, int] = field(default_factory=dict)  # pid -> t of SIGKILL
@@ -100,14 +104,16 @@ async def _follow(
     async for raw in proc.stdout:
         word, *rest = raw.decode().split()
         if word == "begin":
-            pid, start, token = map(int, rest)
-            run.holds[pid, start] = Hold(pid, start, token)
+            pid, start, token, valid = map(int, rest)
+            run.holds[pid, start] = run.by_token[token] = Hold(pid, start, token, valid)
         elif word == "end":
             pid, start, end, _token = map(int, rest)
             run.holds[pid, start].end = end
         elif word == "write":
             pid, token, at = map(int, rest[:3])
             run.writes.append((pid, token, at, rest[3] == "ok"))
+            hold = run.by_token[token]
+            hold.seen_valid = max(hold.seen_valid, int(rest[4]))
             async with written:
                 written.notify_all()
         elif word == "stopping":
@@ -123,6 +129,8 @@ async def _follow(
             run.errors[rest[1]] = run.errors.get(rest[1], 0) + 1
         elif word == "lost":
             run.errors["LockLostError"] = run.errors.get("LockLostError", 0) + 1
+            if rest[1].isdigit():
+                run.by_token[int(rest[1])].lost = True
         elif word == "done":
             run.done.add(int(rest[0]))
 
@@ -170,6 +178,8 @@ def _analyse(run: Run) -> list[Hold]:
     holds = sorted(run.holds.values(), key=lambda h: h.start)
     for hold in holds:
         ends = [hold.end if hold.end is not None else run.killed.get(hold.pid, 0)]
+        if hold.lost:
+            ends.append(hold.seen_valid)
         if hold.pid in run.stopped:
             valid, token = run.stopped[hold.pid]
             if token == hold.token:

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol, final
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from ._errors import LockError
 from ._parking import ParkingLot, decode
@@ -215,6 +215,8 @@ class SubscriptionHub:
         await asyncio.wait((confirmed,), timeout=timeout)
         if self._closing:
             raise LockError("the redis client was closed; create a new client to use locks")
+        if confirmed.done() and not confirmed.cancelled() and confirmed.exception() is not None:
+            raise LockError(f"cannot wait for a lock: {confirmed.exception()}")
         return confirmed.done()
 
     def is_subscribed(self, channel: str) -> bool:
@@ -299,9 +301,20 @@ class SubscriptionHub:
                 raise
             self._pubsub = pubsub
 
+    def _refused(self, exc: ResponseError) -> None:
+        """The server refused a subscription (``NOPERM``: the ACL lacks the channel): the
+        waiters of every unconfirmed channel fail with the reason instead of waiting blind."""
+        for channel, entry in self._channels.items():
+            if not entry.confirmed.done():
+                entry.confirmed.set_exception(
+                    LockError(f"the server refused to subscribe {channel!r}: {exc}")
+                )
+                entry.confirmed.exception()  # retrieved here: no waiter may be left to read it
+
     async def _listen(self) -> None:
         loop = self._loop
         failures = 0
+        heard = False  # anything received on the current connection
         last_rx = loop.time()
         ping_sent: float | None = None
         while self._channels and not self._closing:
@@ -315,14 +328,22 @@ class SubscriptionHub:
                     logger.info("pub/sub connect failed (%r); retrying in %.2fs", exc, delay)
                     await asyncio.sleep(delay)
                     continue
-                last_rx, ping_sent = loop.time(), None
+                last_rx, ping_sent, heard = loop.time(), None, False
                 continue
             try:
                 message = await asyncio.wait_for(
                     pubsub.get_message(timeout=_READ_SLICE), _READ_SLICE + _SEND_TIMEOUT
                 )
             except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                if isinstance(exc, ResponseError):
+                    self._refused(exc)
                 await self._reset(f"{exc!r}")
+                if not heard:
+                    # Failed before a single confirmation: back off, or a refused
+                    # subscription would reconnect in a hot loop.
+                    delay = _RECONNECT_BACKOFF[min(failures, len(_RECONNECT_BACKOFF) - 1)]
+                    failures += 1
+                    await asyncio.sleep(delay)
                 continue
             now = loop.time()
             if self._overdue(now):
@@ -330,7 +351,7 @@ class SubscriptionHub:
                 continue
             if message is not None:
                 failures = 0
-                last_rx, ping_sent = now, None
+                last_rx, ping_sent, heard = now, None, True
                 if self._dispatch(message):
                     # Let the waiter that was just handed the lock run before this task goes
                     # back into redis-py: the hand-over's latency is the waiter's, not ours.

@@ -24,22 +24,54 @@ permits, default 1); ``--claim-timeout`` sets the lock's dead-waiter bound (defa
     process on the machine), taken strictly inside the hold: after ``acquire`` returned and
     before ``release`` is called. A hold stays a random time below M ms (default 2). The lines
     are printed at the end, then ``done``.
+``chaos --tasks T --seconds S --fence FILE [--cancel-rate P] [--pause-at K] [--stick-at K]``
+    For ``tests/test_chaos.py`` (S1). Print ``ready``, wait for a line on stdin, then T tasks
+    contend for S seconds: each ``async with lock`` is cancelled at a random point with
+    probability P (``anyio.move_on_after``: in ``acquire`` or in the hold), and each hold writes
+    its fencing token twice to a **fenced resource** — ``FILE``, which keeps the highest token
+    it accepted and rejects lower ones (check-and-set under ``flock``) — once after ``acquire``
+    and once before leaving. Every event is printed (flushed) as it happens, so a process
+    killed mid-run leaves its record: ``begin PID START TOKEN VALID``,
+    ``write PID TOKEN T ok|rejected VALID`` (``VALID``: when the lease ends by the holder's own
+    conservative clock, :meth:`Lease.remaining`),
+    ``end PID START END TOKEN`` (times from :func:`time.monotonic_ns`), ``lost PID TOKEN``,
+    ``error PID TEXT``, and at the end ``done PID``. Faults on demand: the K-th hold of the
+    process (``--pause-at``) prints ``stopping PID T TOKEN VALID`` after its first write
+    and stops the process with SIGSTOP — the test continues it once its lease is gone, and its
+    second write must then be rejected; the K-th hold (``--stick-at``) prints ``stuck PID T
+    TOKEN`` and keeps the lock (renewed) until the test SIGKILLs the process.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
+import math
+import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Protocol
 
+import anyio
 import redis.asyncio as aioredis
 
-from redis_locks_async import FairLock, Lease, Lock, ReadWriteLock, RedLock, Semaphore
+from redis_locks_async import (
+    FairLock,
+    Lease,
+    Lock,
+    LockError,
+    LockLostError,
+    ReadWriteLock,
+    RedLock,
+    Semaphore,
+)
 
 KINDS: Final = ("lock", "fair", "rw-write", "rw-read", "sem")
 
@@ -50,7 +82,12 @@ class Primitive(Protocol):
     @property
     def current_lease(self) -> Lease | None: ...
 
-    async def acquire(self, timeout: float | None = ..., *, blocking: bool = ...) -> bool: ...
+    async def acquire(
+        self,
+        timeout: float | None = ...,  # noqa: ASYNC109 - the library's own signature
+        *,
+        blocking: bool = ...,
+    ) -> bool: ...
 
     async def release(self) -> None: ...
 
@@ -152,6 +189,89 @@ async def _contend(args: argparse.Namespace) -> None:
     print("done", flush=True)
 
 
+def fenced_write(resource: Path, token: int) -> bool:
+    """Write ``token`` to the fenced resource unless it has seen a higher one (check-and-set
+    under an exclusive ``flock``, so processes never interleave). ``True`` when accepted."""
+    with resource.open("r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        text = handle.read().strip()
+        if text and token < int(text):
+            return False
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(token))
+        return True
+
+
+async def _chaos(url: str, name: str, lease: float, args: argparse.Namespace) -> None:
+    client = aioredis.Redis.from_url(url)
+    lock = Lock(client, name, lease=lease, timeout=5)
+    pid = os.getpid()
+    resource = Path(args.fence)
+    holds = 0
+
+    def say(*words: object) -> None:
+        print(*words, flush=True)
+
+    def valid(lease: Lease) -> int:
+        # When the lease ends by the holder's own conservative clock (counted from when the
+        # acquire or renewal was sent, so never later than on the server); now if lost.
+        now = time.monotonic_ns()
+        return now + int(lease.remaining() * 1e9)
+
+    def write(lease: Lease) -> None:
+        until = valid(lease)
+        ok = fenced_write(resource, lease.fencing_token)
+        at = time.monotonic_ns()
+        say("write", pid, lease.fencing_token, at, "ok" if ok else "rejected", until)
+
+    async def hold(lease: Lease) -> None:
+        nonlocal holds
+        holds += 1
+        start, token = time.monotonic_ns(), lease.fencing_token
+        say("begin", pid, start, token, valid(lease))
+        try:
+            write(lease)
+            if holds == args.pause_at:
+                # The holder's own view of how long its lease lasts (counted from when the
+                # acquire was sent, so it never ends later than the server's lease).
+                say("stopping", pid, time.monotonic_ns(), token, valid(lease))
+                os.kill(pid, signal.SIGSTOP)  # the test continues us after our lease ended
+                write(lease)  # at once: nothing (no renewal, no cancellation) runs before it
+                return
+            if holds == args.stick_at:
+                say("stuck", pid, time.monotonic_ns(), token)
+                with anyio.CancelScope(shield=True):  # no random cancellation ends this hold
+                    await anyio.sleep_forever()  # until SIGKILL
+            await asyncio.sleep(random.random() * 0.01)
+            write(lease)
+        finally:
+            say("end", pid, start, time.monotonic_ns(), token)
+
+    async def one_task(deadline: float) -> None:
+        while time.monotonic() < deadline:
+            cancel = random.random() < args.cancel_rate
+            token = None
+            try:
+                with anyio.move_on_after(random.random() * 0.02 if cancel else math.inf):
+                    async with lock as lease:
+                        token = lease.fencing_token
+                        await hold(lease)
+            except LockLostError:
+                say("lost", pid, token)
+            except LockError as exc:  # a timeout, or the server restarting
+                say("error", pid, type(exc).__name__)
+                await asyncio.sleep(0.05)
+
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    deadline = time.monotonic() + args.seconds
+    await asyncio.gather(*(one_task(deadline) for _ in range(args.tasks)))
+    with contextlib.suppress(Exception):
+        await client.aclose()
+    say("done", pid)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests._lockworker", description=__doc__)
     where = parser.add_mutually_exclusive_group(required=True)
@@ -170,7 +290,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     contend.add_argument("--tasks", type=int, default=3)
     contend.add_argument("--rounds", type=int, default=20)
     contend.add_argument("--stay-ms", type=float, default=2.0)
+    chaos = modes.add_parser("chaos")
+    chaos.add_argument("--tasks", type=int, default=3)
+    chaos.add_argument("--seconds", type=float, default=10.0)
+    chaos.add_argument("--fence", required=True, help="the fenced resource (a file)")
+    chaos.add_argument("--cancel-rate", type=float, default=0.2)
+    chaos.add_argument("--pause-at", type=int, default=0, help="SIGSTOP self in this hold")
+    chaos.add_argument("--stick-at", type=int, default=0, help="keep this hold until killed")
     args = parser.parse_args(argv)
+    if args.mode == "chaos":
+        asyncio.run(_chaos(args.url, args.name, args.lease, args))
+        return 0
     run = {"hold": _hold, "wait": _wait, "contend": _contend}[args.mode]
     asyncio.run(run(args))
     return 0

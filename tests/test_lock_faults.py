@@ -587,8 +587,9 @@ class TestCancellation:
         waiting = connect()
         held = await take(holder, name)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 0.1
-        waiter = HoldingTask(Lock(waiting, name), timeout=0.1)
+        # 0.5 s: time enough to subscribe and register first even on a loaded machine.
+        deadline = loop.time() + 0.5
+        waiter = HoldingTask(Lock(waiting, name), timeout=0.5)
         await until(lambda: registered(client, name), what="the waiter's registration")
         await asyncio.sleep(max(0.0, deadline + offset_ms / 1000 - loop.time()))
         await held.release()

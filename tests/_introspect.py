@@ -20,6 +20,7 @@ from redis_locks_async import Lease
 from redis_locks_async._core import LockBase as LockBase
 from redis_locks_async._fair import FAIR_ACQUIRE
 from redis_locks_async._keys import LockKeys
+from redis_locks_async._lease import Hold
 from redis_locks_async._lock import SCRIPTS
 from redis_locks_async._runtime import Runtime, existing_runtime
 from redis_locks_async._rwlock import SCRIPTS as RW_SCRIPTS
@@ -105,7 +106,7 @@ def live_owner_ids(client: aioredis.Redis) -> set[str]:
 
 
 def lease_side(lease: Lease) -> str:
-    """"r" or "w" for a side of a ``ReadWriteLock``, else ""."""
+    """ "r" or "w" for a side of a ``ReadWriteLock``, else ""."""
     key = lease._hold.key
     return str(key[2]) if isinstance(key, tuple) and len(key) == 3 else ""
 
@@ -121,9 +122,10 @@ def task_leases(client: aioredis.Redis) -> list[tuple[asyncio.Task[Any], Lease]]
     state = _state(client)
     found: list[tuple[asyncio.Task[Any], Lease]] = []
     for (_, task), hold in [] if state is None else state.holds.items():
-        while hold is not None:
-            found.append((task, hold.view))
-            hold = hold.outer
+        current: Hold | None = hold
+        while current is not None:
+            found.append((task, current.view))
+            current = current.outer
     return found
 
 
@@ -200,19 +202,21 @@ async def until_registered(
     await asyncio.wait_for(poll(), within)
 
 
-async def server_holders(inspector: aioredis.Redis, name: str, layout: str = "lock") -> dict[str, int]:
+async def server_holders(
+    inspector: aioredis.Redis, name: str, layout: str = "lock"
+) -> dict[str, int]:
     """Who holds ``name`` on the server now: owner id -> milliseconds its hold has left.
 
     ``layout``: "lock" (``Lock``/``FairLock``: the hash's owner and the key's PTTL), "rw" (the
     live writer and readers of a ``ReadWriteLock``), "sem" (the live permits of a ``Semaphore``).
     """
-    seconds, micros = await inspector.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    clock: Any = await inspector.time()
+    now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
     if layout == "lock":
         owner = await owner_in_redis(inspector, name)
         return {} if owner is None else {owner: int(await inspector.pttl(name))}
     if layout == "sem":
-        members = await inspector.zrange(name, 0, -1, withscores=True)
+        members: list[Any] = await inspector.zrange(name, 0, -1, withscores=True)
         return {_text(m): int(s) - now_ms for m, s in members if int(s) > now_ms}
     found: dict[str, int] = {}
     fields = {_text(k): _text(v) for k, v in (await inspector.hgetall(name)).items()}

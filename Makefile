@@ -5,6 +5,7 @@
 #                   plus fast subsets on Python 3.10/3.13 and with the minimum dependency versions
 #   make demo       python -m redis_locks_async demo (embedded server unless REDIS_URL is set)
 #   make bench      python -m benchmarks
+#   make soak       the S6 stateful harness at length (SOAK_EXAMPLES x SOAK_STEPS per primitive)
 #   make lint / typecheck / clean / distclean
 
 PYTHON ?= python3
@@ -18,7 +19,7 @@ STAMP_DEMO := $(VENV)/.stamp-demo
 STAMP_BENCH := $(VENV)/.stamp-bench
 
 .DEFAULT_GOAL := test
-.PHONY: venv test pytest pytest-pythons pytest-minimum bench-smoke lint typecheck demo bench clean distclean
+.PHONY: venv test pytest pytest-pythons pytest-minimum bench-smoke lint typecheck demo bench soak clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -128,6 +129,22 @@ demo: $(STAMP_DEMO)
 
 bench: $(STAMP_BENCH)
 	$(VPY) -m benchmarks
+
+# The S6 stateful harness (tests/test_stateful.py) at length, random seeds, against the first server
+# binary: SOAK_EXAMPLES examples of SOAK_STEPS steps per primitive (4 primitives; hours at the
+# defaults — e.g. `make soak SOAK_EXAMPLES=50 SOAK_STEPS=40` for ~10 min). Each primitive prints a
+# summary line: examples, steps, rules fired, faults injected, elapsed.
+SOAK_EXAMPLES ?= 500
+SOAK_STEPS ?= 60
+soak: venv
+	@bin="$$($(VPY) -m tests.servers --list | sed -n 1p)"; \
+	echo "=== S6 soak: $(SOAK_EXAMPLES) examples x $(SOAK_STEPS) steps per primitive, $$($$bin --version)"; \
+	start=$$(date +%s); \
+	STATEFUL_EXAMPLES=$(SOAK_EXAMPLES) STATEFUL_STEPS=$(SOAK_STEPS) REDIS_SERVER_BIN="$$bin" \
+		$(VPY) -m pytest tests/test_stateful.py -q -s -p no:cacheprovider $(PYTEST_ARGS); \
+	status=$$?; \
+	echo "=== S6 soak: $$(( $$(date +%s) - start )) s in all, exit status $$status"; \
+	exit $$status
 
 clean:
 	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1510,6 +1510,17 @@ class _Guarded:
                 raise lost from exc
             raise
         if by_loss:
+            if count > 0:
+                # Outer guarded blocks of this task on the same hold are still open: if the
+                # caller handles this error inside them, they are cancelled at the next await.
+                asyncio.get_running_loop().call_soon(_rearm, hold, task)
             raise LockLostError(
                 f"lease on {hold.name!r} lost: {hold.lost_reason}", name=hold.name
             ) from exc
+
+
+def _rearm(hold: Hold, task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` again for the guarded blocks it still has open on the lost ``hold``."""
+    if hold.guards.get(task, 0) > 0 and not task.done() and not hold.cancelled_by_loss(task):
+        hold._loss_cancelled.add(task)
+        task.cancel(f"lease on {hold.name!r} lost: {hold.lost_reason}")

@@ -18,8 +18,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from redis_locks_async import Lease
+from redis_locks_async._core import LockBase as LockBase
 from redis_locks_async._fair import FAIR_ACQUIRE
 from redis_locks_async._keys import LockKeys
+from redis_locks_async._lease import Hold
 from redis_locks_async._lock import SCRIPTS
 from redis_locks_async._runtime import Runtime, existing_runtime
 from redis_locks_async._rwlock import SCRIPTS as RW_SCRIPTS
@@ -28,19 +30,25 @@ from redis_locks_async._semaphore import SCRIPTS as SEM_SCRIPTS
 Client = aioredis.Redis | RedisCluster  # what the library's runtimes are keyed by
 
 __all__ = (
+    "LockBase",
     "aux_keys",
     "background_tasks",
     "channel_of",
     "drain",
+    "judge_renewal",
     "keeper_size",
     "lease_owner_id",
+    "lease_side",
     "live_owner_ids",
     "local_waiters",
     "owner_in_redis",
     "pending_cleanups",
+    "redlock_client",
     "registered_waiters",
     "renewal_round_trips",
     "script_sources",
+    "server_holders",
+    "task_leases",
 )
 
 
@@ -102,10 +110,28 @@ def live_owner_ids(client: Client) -> set[str]:
     return ids
 
 
+def lease_side(lease: Lease) -> str:
+    """ "r" or "w" for a side of a ``ReadWriteLock``, else ""."""
+    key = lease._hold.key
+    return str(key[2]) if isinstance(key, tuple) and len(key) == 3 else ""
+
+
 def held_leases(client: Client) -> list[Lease]:
     """Every lease the library holds locally for ``client`` (any task, any lock)."""
     state = _state(client)
     return [] if state is None else [hold.view for hold in state.holds.values()]
+
+
+def task_leases(client: Client) -> list[tuple[asyncio.Task[Any], Lease]]:
+    """Every hold of ``client`` with the task holding it, a task's older permits included."""
+    state = _state(client)
+    found: list[tuple[asyncio.Task[Any], Lease]] = []
+    for (_, task), hold in [] if state is None else state.holds.items():
+        current: Hold | None = hold
+        while current is not None:
+            found.append((task, current.view))
+            current = current.outer
+    return found
 
 
 def local_waiters(client: Client) -> int:
@@ -181,6 +207,33 @@ async def until_registered(
             await asyncio.sleep(0.005)
 
     await asyncio.wait_for(poll(), within)
+
+
+async def server_holders(
+    inspector: aioredis.Redis, name: str, layout: str = "lock"
+) -> dict[str, int]:
+    """Who holds ``name`` on the server now: owner id -> milliseconds its hold has left.
+
+    ``layout``: "lock" (``Lock``/``FairLock``: the hash's owner and the key's PTTL), "rw" (the
+    live writer and readers of a ``ReadWriteLock``), "sem" (the live permits of a ``Semaphore``).
+    """
+    clock: Any = await inspector.time()
+    now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
+    if layout == "lock":
+        owner = await owner_in_redis(inspector, name)
+        return {} if owner is None else {owner: int(await inspector.pttl(name))}
+    if layout == "sem":
+        members: list[Any] = await inspector.zrange(name, 0, -1, withscores=True)
+        return {_text(m): int(s) - now_ms for m, s in members if int(s) > now_ms}
+    found: dict[str, int] = {}
+    fields = {_text(k): _text(v) for k, v in (await inspector.hgetall(name)).items()}
+    if "w" in fields and int(fields.get("wx", "0")) > now_ms:
+        found[fields["w"]] = int(fields["wx"]) - now_ms
+    for field, value in fields.items():
+        expiry = int(value.split(":", 1)[0]) if field.startswith("r:") else 0
+        if expiry > now_ms:
+            found[field[2:]] = expiry - now_ms
+    return found
 
 
 def redlock_client(lock: Any) -> Any:

@@ -1270,6 +1270,30 @@ class TestFoundByReview:
             fault_proxy.heal()
             await conn.aclose()
 
+    async def test_outer_guard_stays_armed_when_the_inner_loss_is_handled(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (S6 harness): when a lease was lost inside nested ``guarded()`` blocks of
+        one lock, the innermost block turned the cancellation into ``LockLostError``; code that
+        handled that error inside the outer block then ran on unguarded — the outer block was
+        never cancelled, although its lease was gone."""
+        lock = Lock(client, name, lease=0.3, auto_renew=False)
+        carried_on = asyncio.Event()
+
+        async def work() -> None:
+            async with lock.guarded():
+                with contextlib.suppress(LockLostError):
+                    async with lock.guarded():
+                        await asyncio.sleep(10)  # the lease ends meanwhile
+                await asyncio.sleep(1)
+                carried_on.set()
+
+        task = asyncio.create_task(work())
+        await finish(task, 3.0, "the outer guarded block after its lease was lost")
+        assert not carried_on.is_set()
+        with pytest.raises(LockLostError):
+            task.result()
+
 
 async def worker_process(url: str, name: str, *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(

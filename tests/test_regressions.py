@@ -1328,6 +1328,36 @@ class TestFoundByReview:
         await short.release()
         assert await is_free(client, name)
 
+    async def test_cancelled_shorter_reentry_is_followed_by_renewal(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (S6 review of the soak finding): a re-entry through a shorter-lease
+        ``Lock`` that was cancelled after it reached the server left the server's TTL at the
+        short lease (its undo drops the entry, not the TTL) while the holder kept its long
+        local estimate: the key expired under a lease the holder believed valid."""
+        outer = Lock(proxied, name, lease=6.0)
+        inner = Lock(proxied, name, lease=0.5)
+        assert await outer.acquire()
+        lease = await held_lease(outer)
+        fault_proxy.hold_replies()
+        with pytest.raises(asyncio.TimeoutError):  # runs on the server (500 ms), reply held
+            await asyncio.wait_for(inner.acquire(), 0.2)
+        assert 0 < await client.pttl(name) <= 500
+        fault_proxy.release_replies()
+
+        await asyncio.sleep(0.8)  # past the 0.5 s, before a renewal due a third of 6 s
+        assert not lease.lost, lease.lost_reason
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease), (
+            f"{lease!r} valid, but its key is gone from the server"
+        )
+        assert await hold_count(client, name) == 1 and lease.hold_count == 1
+        await outer.release()
+        assert await is_free(client, name)
+
 
 async def worker_process(url: str, name: str, *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(

@@ -1305,8 +1305,17 @@ class LockBase:
                 lambda: self._policy.release(owner, "entry", entry, sharded).run(self._redis),
             )
             reply = Reply(*ints(raw, 4))
-        except (RedisError, OSError) as exc:
-            raise await self._explain(exc, "re-enter") from exc
+        except BaseException as exc:
+            # The re-entry may have run all the same (its reply late or lost, the caller
+            # cancelled): its undo drops the entry, not the TTL it set, so the server's lease
+            # may now be the shorter one (as in extend).
+            margin = hold.margin(length) if hold.margin is not None else 0.0
+            if hold.live and sent_at + length - margin < hold.expires_at:
+                hold.server_ttl(sent_at, length - margin)  # and renew at once
+                runtime.keeper.reschedule(hold)
+            if isinstance(exc, (RedisError, OSError)):
+                raise await self._explain(exc, "re-enter") from exc
+            raise
         self._check_reply(reply, "re-enter")
         if reply.status != 1:
             self._lose(runtime, hold, "re-entry found the lock expired or held by another owner")

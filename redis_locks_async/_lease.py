@@ -192,6 +192,16 @@ class Hold:
             self.expires_at -= self.margin(self.lease)
         self.renew_at = sent_at + self.lease / 3 if self.auto_renew else self.expires_at
 
+    def crossed(self, sent_at: float, lease: float) -> None:
+        """A renewal to ``lease`` sent at ``sent_at``, which may have run, crossed a command
+        that changed the hold's lease: the server may have run it last and kept ``lease``.
+        Count on the earlier of the two ends, and renew with the hold's own lease at once."""
+        end = sent_at + lease
+        if self.margin is not None:
+            end -= self.margin(lease)
+        self.expires_at = min(self.expires_at, end)
+        self.renew_at = self.loop.time()
+
     def server_ttl(self, sent_at: float, ttl: float) -> None:
         """The server reported ``ttl`` seconds left, in reply to a command sent at ``sent_at``."""
         self.expires_at = sent_at + ttl

@@ -153,17 +153,18 @@ class LeaseKeeper:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
         topology = self._topology
-        calls = [hold.renew(hold.owner, hold.lease) for hold in due]
+        leases = [hold.lease for hold in due]
+        calls = [hold.renew(hold.owner, lease) for hold, lease in zip(due, leases, strict=True)]
         self.renewal_round_trips += 1
         bound = max(_MIN_BOUND, min(hold.expires_at for hold in due) - sent_at)
         results = await topology.run_batch(calls, bound)
         now = loop.time()
         failed = False
         reload: dict[str, str] = {}
-        for hold, (script, _, _), result in zip(due, calls, results, strict=True):
+        for hold, lease, (script, _, _), result in zip(due, leases, calls, results, strict=True):
             if isinstance(result, NoScriptError):
                 reload[script.sha] = script.source
-            failed = self.judge(hold, result, sent_at, now) or failed
+            failed = self.judge(hold, result, sent_at, now, lease) or failed
         self._failures = self._failures + 1 if failed else 0
         for source in reload.values():
             try:
@@ -171,11 +172,20 @@ class LeaseKeeper:
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 logger.debug("script reload failed: %s", exc)
 
-    def judge(self, hold: Hold, result: object, sent_at: float, now: float) -> bool:
-        """Act on ``hold``'s renewal ``result`` (sent at ``sent_at``); ``True`` when it failed
-        in a way worth retrying."""
+    def judge(
+        self, hold: Hold, result: object, sent_at: float, now: float, lease: float | None = None
+    ) -> bool:
+        """Act on ``hold``'s renewal ``result`` (sent at ``sent_at`` with ``lease``, default
+        the hold's); ``True`` when it failed in a way worth retrying."""
         if not hold.live or hold not in self._holds:
             return False
+        crossed = lease is not None and lease != hold.lease
+        if lease is not None and crossed and not isinstance(result, NoScriptError):
+            # A re-entry or an extend changed the hold's lease while this renewal was in
+            # flight, and it may have run (a failure here may come after it ran). The server
+            # ran the two in an unknown order — a retrying client re-sends a command whose
+            # reply was lost, late — so it may keep this renewal's length.
+            hold.crossed(sent_at, lease)
         if isinstance(result, NoScriptError):
             hold.renew_at = now  # again right after the reload
         elif isinstance(result, BaseException) and self._topology.transient(result):
@@ -185,7 +195,8 @@ class LeaseKeeper:
             self._lose(hold, f"renewal failed: {result}")
         elif int(result) == 1:  # type: ignore[call-overload]
             self.renewals += 1
-            hold.renewed(sent_at)
+            if not crossed:
+                hold.renewed(sent_at)
         elif hold.state is HoldState.RELEASING:
             # The task's release ran first (a hand-over's confirmation or a renewal in flight
             # as it released): not a loss — the release's own answer settles the hold.

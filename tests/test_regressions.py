@@ -1294,6 +1294,70 @@ class TestFoundByReview:
         with pytest.raises(LockLostError):
             task.result()
 
+    async def test_renewal_resent_after_a_longer_reentry_keeps_no_stale_lease(
+        self,
+        retrying: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (S6 soak, ``Lock``): the keeper sent a renewal with the hold's short lease
+        (0.6 s); a re-entry through a ``Lock(…, lease=3.0)`` then set 3 s on the server; the
+        renewal's connection broke and redis-py's retry re-sent it, so the server ran it last
+        and kept 0.6 s — but the keeper counted its success as a renewal of the new 3 s lease.
+        The key expired under a lease the holder believed valid for seconds more (another
+        client could take the lock: two holders), and no loss was signalled."""
+        short = Lock(retrying, name, lease=0.6)
+        longer = Lock(retrying, name, lease=3.0)
+        assert await short.acquire()
+        lease = await held_lease(short)
+        fault_proxy.blackhole()  # the keeper's renewal (due at 0.2 s) goes nowhere for now
+        await until(lambda: fault_proxy.stats.bytes_dropped_up > 0, what="the renewal")
+        fault_proxy.heal()
+        assert await longer.acquire()  # re-enters: 3 s on the server
+        assert lease.hold_count == 2 and lease.lease == 3.0
+        fault_proxy.reset_all()  # redis-py re-sends the renewal (0.6 s): the server runs it last
+
+        await asyncio.sleep(0.8)  # past the re-sent 0.6 s, before a renewal due a third of 3 s
+        assert not lease.lost
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease), (
+            f"{lease!r} valid, but its key is gone from the server"
+        )
+        assert lease.remaining() <= await client.pttl(name) / 1000 + 0.05
+        await longer.release()
+        await short.release()
+        assert await is_free(client, name)
+
+    async def test_cancelled_shorter_reentry_is_followed_by_renewal(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (S6 review of the soak finding): a re-entry through a shorter-lease
+        ``Lock`` that was cancelled after it reached the server left the server's TTL at the
+        short lease (its undo drops the entry, not the TTL) while the holder kept its long
+        local estimate: the key expired under a lease the holder believed valid."""
+        outer = Lock(proxied, name, lease=6.0)
+        inner = Lock(proxied, name, lease=0.5)
+        assert await outer.acquire()
+        lease = await held_lease(outer)
+        fault_proxy.hold_replies()
+        with pytest.raises(asyncio.TimeoutError):  # runs on the server (500 ms), reply held
+            await asyncio.wait_for(inner.acquire(), 0.2)
+        assert 0 < await client.pttl(name) <= 500
+        fault_proxy.release_replies()
+
+        await asyncio.sleep(0.8)  # past the 0.5 s, before a renewal due a third of 6 s
+        assert not lease.lost, lease.lost_reason
+        assert await owner_of(client, name) == introspect.lease_owner_id(lease), (
+            f"{lease!r} valid, but its key is gone from the server"
+        )
+        assert await hold_count(client, name) == 1 and lease.hold_count == 1
+        await outer.release()
+        assert await is_free(client, name)
+
 
 async def worker_process(url: str, name: str, *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(

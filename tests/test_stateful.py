@@ -37,7 +37,14 @@ prints a summary.
 
 What it found in the current library: a ``guarded()`` block nested in another on the same
 hold turned the loss into ``LockLostError``; code handling that error inside the outer block ran
-on unguarded (fixed; ``test_regressions.py::TestFoundByReview``).
+on unguarded (fixed; ``test_regressions.py::TestFoundByReview``). A soak on Valkey 8.1 (12 x 40)
+failed check 2 for ``Lock``: a hold entered through the 0.5 s lock object, re-entered through
+the 2 s one, vanished from the server after ``lost_reply`` steps of *other* tasks. The keeper's
+renewal (0.5 s) had its held reply lost; redis-py's retry re-sent it after the re-entry (2 s),
+so the server kept 0.5 s, but the keeper counted it as a renewal of the new 2 s lease (fixed;
+``test_renewal_resent_after_a_longer_reentry_keeps_no_stale_lease``). Its sibling, found by
+reading the same path: a cancelled re-entry through a shorter lease left that TTL on the server
+unrenewed (fixed; ``test_cancelled_shorter_reentry_is_followed_by_renewal``).
 
 Bugs of issue 5 re-introduced one at a time into the library (then reverted), ``Lock`` only,
 20 random examples x 30 steps each (``STATEFUL_EXAMPLES=20 STATEFUL_STEPS=30``):
@@ -52,11 +59,6 @@ bug re-introduced                                              found  notes
 (12) keeper keeps non-live holds (loop side only)              no    unreachable: _lose discards
 (1) ``{x}`` and ``x`` share their aux keys/channel             no    (ran 20 x 30)
 =============================================================  =====  ===========================
-
-Open: a soak on Valkey 8.1 (12 x 40) once failed check 2 for ``Lock`` — a valid lease (2 s,
-count 2, through the proxied client, not lost) absent on the server right after ``lost_reply``
-steps of *other* tasks (replies held, connections reset, renewals retried); not reproduced or
-explained yet.
 
 The harness did find, in its first runs, the nested-guard bug above (a sibling of (5)), which no
 single-mechanism test covered. The misses say where it is still weak: sequences that need four or

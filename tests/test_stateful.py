@@ -517,6 +517,7 @@ class StatefulLocks(RuleBasedStateMachine):
         return op(h, lambda: h.lock.extend(arg))
 
     async def act(self, t: int, h: Handle, action: str, arg: float | None = None) -> Outcome:
+        await self.settle(t)  # first: a lease valid now may expire while it settles
         lease = self._lease_of(t, h)
         valid = lease is not None and self.valid(lease, 0.3)
         out = await self.do(t, self.job_for(h, action, arg), action)

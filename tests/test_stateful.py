@@ -39,19 +39,44 @@ What it found in the current library: a ``guarded()`` block nested in another on
 hold turned the loss into ``LockLostError``; code handling that error inside the outer block ran
 on unguarded (fixed; ``test_regressions.py::TestFoundByReview``).
 
-Bugs of issue 5 re-introduced one at a time into the library (then reverted), ``Lock`` only,
-20 random examples x 30 steps each (``STATEFUL_EXAMPLES=20 STATEFUL_STEPS=30``):
+Scenario rules put in order the sequences of four or more steps that short random runs almost
+never produce, each a rule of its own (so they are common), checked right away as well as by
+the invariants:
 
-=============================================================  =====  ===========================
-bug re-introduced                                              found  notes
-=============================================================  =====  ===========================
-(2) inner release deletes *any* entry (not idempotent on retry)  no    needs count >= 3 + lost reply
-(4) no keeper reschedule after extend / re-entry               no    caught only by the
-                                                                     "healthy lease lost" check
-(5) nested guarded() pops the task's guard (set, not count)    no    needs nest, leave, then loss
-(12) keeper keeps non-live holds (loop side only)              no    unreachable: _lose discards
-(1) ``{x}`` and ``x`` share their aux keys/channel             no    (ran 20 x 30)
-=============================================================  =====  ===========================
+* ``deep_lost_release``: enter three times through the retrying proxied client, lose an inner
+  release's reply;
+* ``shortened``: a fresh 2 s lease shortened to 0.5 s by ``extend`` or by re-entry through a
+  0.5 s object, then quiet past 0.5 s: the lease is still the server's;
+* ``nested_guard_loss``: nest two guarded blocks, leave the inner one, ``DEL``: the outer block
+  ends within 1 s of the loss;
+* ``extend_deleted``: ``extend`` after a ``DEL``, then quiet: no keeper spin;
+* ``release_beside_tagged_waiter``: ``{x}`` held and waited for; releasing ``x`` (held once, no
+  waiter of its own) leaves ``x`` free.
+
+Bugs of issue 5 re-introduced one at a time into the library (then reverted), ``Lock`` only,
+20 examples x 30 steps (``STATEFUL_EXAMPLES=20 STATEFUL_STEPS=30``, Valkey 8.1). Before the
+scenario rules none was found; now all are, each shrunk to one or two steps:
+
+====================================================  =====  ====================================
+bug re-introduced                                     found  failure (shrunk example)
+====================================================  =====  ====================================
+(2) inner release deletes *any* entry (``HDEL`` of    yes    check 2: "server hold count 1" for a
+the first ``e:`` field: a re-sent release drops a            count-2 lease (``deep_lost_release``)
+second level)
+(4) no keeper reschedule after ``extend`` / re-entry  yes    "lease shortened by extend to 0.5 s
+(both ``reschedule`` calls removed)                          not kept" (``shortened``)
+(5) nested ``guarded()`` exit pops the task's guard   yes    "outer guarded block on lost <Lease>
+entirely                                                     still runs after 1.0 s"
+                                                             (``nested_guard_loss``)
+(12) ``extend`` finding the lease gone leaves it in   yes    check 6: "renewal keeper spinning:
+the keeper, and the keeper keeps non-live holds              533 in 0.25 s" (``extend_deleted``)
+(1) ``{x}`` and ``x`` share their aux keys/channel    yes    "'x' released by its only holder,
+(``slot_prefix`` of a tagged name is the tag only)           held by {<{x} waiter>: 399}"
+                                                             (``release_beside_tagged_waiter``)
+====================================================  =====  ====================================
+
+Shrinking a found failure replays against a live server and can take minutes (or end in
+hypothesis' ``FlakyStrategyDefinition`` with the original assertion attached).
 
 Open: a soak on Valkey 8.1 (12 x 40) once failed check 2 for ``Lock`` — a valid lease (2 s,
 count 2, through the proxied client, not lost) absent on the server right after ``lost_reply``
@@ -59,8 +84,8 @@ steps of *other* tasks (replies held, connections reset, renewals retried); not 
 explained yet.
 
 The harness did find, in its first runs, the nested-guard bug above (a sibling of (5)), which no
-single-mechanism test covered. The misses say where it is still weak: sequences that need four or
-more specific steps in order are rare in short random runs — run ``make soak`` for those.
+single-mechanism test covered. Bugs that need a specific sequence not written as a scenario are
+still rare in short random runs — run ``make soak`` for those.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ end, exactly as on one server.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any, Final, final
 
@@ -41,7 +40,7 @@ from redis.exceptions import (
 )
 
 from ._errors import LockError
-from ._runtime import transient_error
+from ._runtime import ClientRef, transient_error
 from ._scripts import Call
 
 __all__ = ("Cluster",)
@@ -58,22 +57,14 @@ _REDIRECTED: Final = (AskError, MovedError)
 
 
 @final
-class Cluster:
+class Cluster(ClientRef):
     """The nodes behind a ``RedisCluster`` client (module docstring)."""
 
-    __slots__ = ("__weakref__", "_client", "_nodes")
+    __slots__ = ("__weakref__", "_nodes")
 
     def __init__(self, client: Any) -> None:
-        self._client = weakref.ref(client)  # weak, as in Standalone
+        super().__init__(client)
         self._nodes: dict[str, Redis] = {}
-
-    @property
-    def client(self) -> Any:
-        """The user's cluster client."""
-        client = self._client()
-        if client is None:
-            raise LockError("the redis client was garbage-collected")
-        return client
 
     @property
     def sharded(self) -> bool:

@@ -366,6 +366,16 @@ async def _bounded(command: Awaitable[_T], deadline: float) -> _T:
         raise TimeoutError from None
 
 
+def _maybe_shortened(runtime: Runtime, hold: Hold, sent_at: float, length: float) -> None:
+    """A command sent at ``sent_at`` that sets ``hold``'s server lease to ``length`` failed
+    in a way after which it may have run: if that lease is shorter than the hold's, count on
+    the shorter one (and have the keeper renew at once)."""
+    margin = hold.margin(length) if hold.margin is not None else 0.0
+    if hold.live and sent_at + length - margin < hold.expires_at:
+        hold.server_ttl(sent_at, length - margin)
+        runtime.keeper.reschedule(hold)
+
+
 def _release_deadline(hold: Hold) -> float:
     """How long a release may wait for its answer: until the lease would end (then there is
     nothing left to release), and at least a moment."""
@@ -727,10 +737,7 @@ class LockBase:
         except BaseException as exc:
             # The renewal may have run all the same (its reply late or lost, the caller
             # cancelled): the server's lease may now be the shorter one.
-            margin = hold.margin(length) if hold.margin is not None else 0.0
-            if hold.live and sent_at + length - margin < hold.expires_at:
-                hold.server_ttl(sent_at, length - margin)  # and renew at once
-                runtime.keeper.reschedule(hold)
+            _maybe_shortened(runtime, hold, sent_at, length)
             if isinstance(exc, (RedisError, OSError)):
                 raise await self._explain(exc, "extend") from exc
             raise
@@ -1309,10 +1316,7 @@ class LockBase:
             # The re-entry may have run all the same (its reply late or lost, the caller
             # cancelled): its undo drops the entry, not the TTL it set, so the server's lease
             # may now be the shorter one (as in extend).
-            margin = hold.margin(length) if hold.margin is not None else 0.0
-            if hold.live and sent_at + length - margin < hold.expires_at:
-                hold.server_ttl(sent_at, length - margin)  # and renew at once
-                runtime.keeper.reschedule(hold)
+            _maybe_shortened(runtime, hold, sent_at, length)
             if isinstance(exc, (RedisError, OSError)):
                 raise await self._explain(exc, "re-enter") from exc
             raise

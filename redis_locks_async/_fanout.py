@@ -55,7 +55,7 @@ from ._keys import LockKeys
 from ._lock import LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW
 from ._notify import SubscriptionHub
 from ._parking import ParkingLot
-from ._runtime import close_with, existing_runtime, transient_error
+from ._runtime import ClientRef, close_with, existing_runtime, transient_error
 from ._scripts import Call, EncodableArg, Script
 
 __all__ = ("LAYOUT", "FanOut", "Masters", "MultiHub", "QuorumError", "drift", "fan_out")
@@ -570,22 +570,13 @@ def _pubsub_of(master: Any) -> Callable[[], Any]:
 
 
 @final
-class Masters:
+class Masters(ClientRef):
     """The topology of N independent masters (a ``RedLock``): the core's client is the
-    :class:`FanOut`; announcements are plain pub/sub on every master."""
+    :class:`FanOut` (held weakly: the runtime is keyed by it); announcements are plain
+    pub/sub on every master."""
 
-    __slots__ = ("_fan",)
-
-    def __init__(self, fan: FanOut) -> None:
-        self._fan = weakref.ref(fan)  # the runtime is keyed by the fan-out (weakly)
-
-    @property
-    def client(self) -> FanOut:
-        """The fan-out."""
-        fan = self._fan()
-        if fan is None:
-            raise LockError("the RedLock's masters were garbage-collected")
-        return fan
+    __slots__ = ()
+    _gone = "the RedLock's masters were garbage-collected"
 
     @property
     def sharded(self) -> bool:

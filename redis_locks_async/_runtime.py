@@ -35,7 +35,7 @@ import os
 import secrets
 import weakref
 from collections.abc import Callable, Coroutine, Hashable, Sequence
-from typing import Any, Final, Protocol, final
+from typing import Any, ClassVar, Final, Protocol, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError, ResponseError
@@ -48,6 +48,7 @@ from ._renewal import LeaseKeeper
 from ._scripts import Call
 
 __all__ = (
+    "ClientRef",
     "Runtime",
     "Standalone",
     "Topology",
@@ -109,24 +110,31 @@ _TRANSIENT: Final = (
 _BUSY: Final = ("BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN")
 
 
-@final
-class Standalone:
-    """One server (or a Sentinel-managed master) behind a ``redis.asyncio.Redis`` client."""
+class ClientRef:
+    """What every topology starts from: a *weak* reference to the client it serves (the
+    runtime lives in a weak mapping keyed by that client, which must not be kept alive by its
+    own value)."""
 
     __slots__ = ("_client",)
+    _gone: ClassVar[str] = "the redis client was garbage-collected"
 
     def __init__(self, client: Any) -> None:
-        # Weak: the runtime lives in a weak mapping keyed by the client, which must not be
-        # kept alive by its own value.
         self._client = weakref.ref(client)
 
     @property
     def client(self) -> Any:
-        """The user's client."""
+        """The client (:class:`LockError` once it was garbage-collected)."""
         client = self._client()
         if client is None:
-            raise LockError("the redis client was garbage-collected")
+            raise LockError(self._gone)
         return client
+
+
+@final
+class Standalone(ClientRef):
+    """One server (or a Sentinel-managed master) behind a ``redis.asyncio.Redis`` client."""
+
+    __slots__ = ()
 
     @property
     def sharded(self) -> bool:

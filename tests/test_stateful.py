@@ -5,7 +5,12 @@ ownership is that task's, as the library defines it), three clients — ``Redis(
 (redis-py's default retry), the same through the fault proxy (tests/faultproxy.py), and
 ``Redis.from_url`` — and, per client, lock objects on two names (``x`` and ``{x}``, a pair that
 once shared keys) with different leases, renewed or not. One test per primitive: ``Lock``,
-``FairLock``, ``ReadWriteLock`` (``.read``/``.write``) and ``Semaphore(permits=2)``.
+``FairLock``, ``ReadWriteLock`` (``.read``/``.write``), ``Semaphore(permits=2)`` and ``RedLock``
+over three independent masters (the session's server and two more): each client is then three
+connections, one per master (the proxied one goes through the proxy to the first master only),
+the rules are ``Lock``'s, and the server's view is a quorum's (an owner holds the lock when a
+majority of masters has one of its round values; its hold count is the one a majority has at
+least). ``release_beside_tagged_waiter`` is skipped for it: a RedLock's waiters never register.
 
 Rules: acquire (blocking, small timeout), try (``blocking=False``), a blocking acquire left
 running while other steps go on (hand-overs), re-enter (through another object of the same name),

@@ -43,6 +43,8 @@ __all__ = (
     "local_waiters",
     "owner_in_redis",
     "pending_cleanups",
+    "quorum_hold_count",
+    "quorum_holders",
     "redlock_client",
     "registered_waiters",
     "renewal_round_trips",
@@ -240,6 +242,41 @@ def redlock_client(lock: Any) -> Any:
     """The client object a ``RedLock``'s state lives under (its fan-out over the masters): pass
     it to the other functions here."""
     return lock._redis
+
+
+async def _quorum_view(
+    inspectors: Sequence[aioredis.Redis], name: str
+) -> tuple[int, dict[str, list[tuple[int, int]]]]:
+    """The quorum, and per owner id the (PTTL, hold count) of each master whose ``name`` has
+    one of that owner's round values (``<owner id>:<round>``)."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for inspector in inspectors:
+        value = await owner_in_redis(inspector, name)
+        if value is not None:
+            ttl, count = int(await inspector.pttl(name)), await server_hold_count(inspector, name)
+            found.setdefault(value.rsplit(":", 1)[0], []).append((ttl, count))
+    return len(inspectors) // 2 + 1, found
+
+
+async def quorum_holders(inspectors: Sequence[aioredis.Redis], name: str) -> dict[str, int]:
+    """Who holds the ``RedLock`` ``name`` on a quorum of the masters ``inspectors``: owner id ->
+    milliseconds until fewer than a quorum of its keys are left."""
+    quorum, found = await _quorum_view(inspectors, name)
+    return {
+        owner: sorted((ttl for ttl, _ in held), reverse=True)[quorum - 1]
+        for owner, held in found.items()
+        if len(held) >= quorum
+    }
+
+
+async def quorum_hold_count(inspectors: Sequence[aioredis.Redis], name: str) -> int:
+    """The hold count a quorum of the masters has at least for the ``RedLock`` ``name``'s
+    quorum holder (0 when no owner holds a quorum)."""
+    quorum, found = await _quorum_view(inspectors, name)
+    for held in found.values():
+        if len(held) >= quorum:
+            return sorted((count for _, count in held), reverse=True)[quorum - 1]
+    return 0
 
 
 def judge_renewal(client: Client, lease: Lease, result: object) -> None:

@@ -5,7 +5,12 @@ ownership is that task's, as the library defines it), three clients — ``Redis(
 (redis-py's default retry), the same through the fault proxy (tests/faultproxy.py), and
 ``Redis.from_url`` — and, per client, lock objects on two names (``x`` and ``{x}``, a pair that
 once shared keys) with different leases, renewed or not. One test per primitive: ``Lock``,
-``FairLock``, ``ReadWriteLock`` (``.read``/``.write``) and ``Semaphore(permits=2)``.
+``FairLock``, ``ReadWriteLock`` (``.read``/``.write``), ``Semaphore(permits=2)`` and ``RedLock``
+over three independent masters (the session's server and two more): each client is then three
+connections, one per master (the proxied one goes through the proxy to the first master only),
+the rules are ``Lock``'s, and the server's view is a quorum's (an owner holds the lock when a
+majority of masters has one of its round values; its hold count is the one a majority has at
+least). ``release_beside_tagged_waiter`` is skipped for it: a RedLock's waiters never register.
 
 Rules: acquire (blocking, small timeout), try (``blocking=False``), a blocking acquire left
 running while other steps go on (hand-overs), re-enter (through another object of the same name),
@@ -100,8 +105,9 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
@@ -124,6 +130,7 @@ from redis_locks_async import (
     LockLostError,
     LockNotOwnedError,
     ReadWriteLock,
+    RedLock,
     Semaphore,
 )
 from tests import _introspect as introspect
@@ -151,6 +158,9 @@ STALL: Final = 0.08  # a pause of the event loop this long excuses a lost renewa
 STEP_BOUND: Final = 20.0
 PERMITS: Final = 2
 LAYOUT: Final = {"lock": "lock", "fair": "lock", "rw": "rw", "sem": "sem"}
+MASTERS: Final = 3  # a RedLock's independent masters (the session's server and two more)
+SHARE: Final = {"redlock": 2 / 3}  # of EXAMPLES in CI: the whole file stays near 50 s
+NODE_TIMEOUT: Final = 0.04  # every RedLock's: one fan-out per client (shortest lease / 10)
 
 STATS: dict[str, dict[str, collections.Counter[str]]] = collections.defaultdict(
     lambda: collections.defaultdict(collections.Counter)
@@ -188,10 +198,14 @@ Job = Callable[["asyncio.Future[Outcome]"], Awaitable[Outcome]]
 
 
 def build(
-    kind: str, client: aioredis.Redis, name: str, lease: float, auto: bool, on_lost: Any
+    kind: str, conns: list[aioredis.Redis], name: str, lease: float, auto: bool, on_lost: Any
 ) -> list[tuple[str, introspect.LockBase]]:
-    """The lock objects of ``kind`` for one spec (both sides of a read/write lock)."""
+    """The lock objects of ``kind`` for one spec (both sides of a read/write lock) on a
+    client's connections (one per master: several for a RedLock only)."""
     opts: dict[str, Any] = {"lease": lease, "auto_renew": auto, "timeout": WAIT, "on_lost": on_lost}
+    if kind == "redlock":
+        return [("", RedLock(conns, name, node_timeout=NODE_TIMEOUT, **opts))]
+    client = conns[0]
     if kind == "rw":
         rw = ReadWriteLock(client, name, **opts)
         return [("r", rw.read), ("w", rw.write)]
@@ -325,6 +339,7 @@ class StatefulLocks(RuleBasedStateMachine):
 
     kind: str
     server: ServerProcess
+    others: tuple[ServerProcess, ...] = ()  # a RedLock's other masters
 
     def __init__(self) -> None:
         super().__init__()
@@ -338,7 +353,7 @@ class StatefulLocks(RuleBasedStateMachine):
         self.names = (base, "{" + base + "}")
         self.lost_calls: list[Lease] = []
         self.history: collections.deque[str] = collections.deque(maxlen=12)
-        self.retired: list[aioredis.Redis] = []
+        self.retired: list[Any] = []  # local-state views of closed clients
         self.pending: dict[int, asyncio.Future[Outcome]] = {}
         self.born: dict[Lease, float] = {}  # first seen (loop time)
         self.top: dict[str, int] = {}  # highest fencing token per name
@@ -374,32 +389,60 @@ class StatefulLocks(RuleBasedStateMachine):
             self.stall = asyncio.get_running_loop().time()
         await asyncio.wait_for(coro, bound)
 
-    def _client(self, slot: int) -> aioredis.Redis:
-        host, port = self.server.host, self.server.port
-        if slot == PROXIED:
-            return aioredis.Redis(host=self.proxy.host, port=self.proxy.port)
-        if slot == 2:
-            return aioredis.Redis.from_url(self.server.url)
-        return aioredis.Redis(host=host, port=port)
+    def _connect(self, slot: int) -> list[aioredis.Redis]:
+        """Client ``slot``'s connections, one per master (the first master is proxied)."""
+        conns = []
+        for i, server in enumerate((self.server, *self.others)):
+            if slot == PROXIED and i == 0:
+                conns.append(aioredis.Redis(host=self.proxy.host, port=self.proxy.port))
+            elif slot == 2:
+                conns.append(aioredis.Redis.from_url(server.url))
+            else:
+                conns.append(aioredis.Redis(host=server.host, port=server.port))
+        return conns
 
-    def _handles(self, slot: int) -> list[Handle]:
-        client = self.clients[slot]
-        return [
+    def _open(self, slot: int) -> list[Handle]:
+        """(Re)open client ``slot``: its connections, lock objects and local-state view."""
+        conns = self.clients[slot] = self._connect(slot)
+        handles = [
             Handle(slot, self.names[n], side, lease, lock)
             for n, lease, auto in SPECS
-            for side, lock in build(self.kind, client, self.names[n], lease, auto, self._on_lost)
+            for side, lock in build(self.kind, conns, self.names[n], lease, auto, self._on_lost)
         ]
+        redlock = self.kind == "redlock"
+        self.views[slot] = introspect.redlock_client(handles[0].lock) if redlock else conns[0]
+        return handles
 
     def _on_lost(self, lease: Lease) -> None:
         self.lost_calls.append(lease)
 
     async def _setup(self) -> None:
-        self.inspector = aioredis.Redis(host=self.server.host, port=self.server.port)
-        await self.inspector.flushall()
+        self.inspectors = [
+            aioredis.Redis(host=server.host, port=server.port)
+            for server in (self.server, *self.others)
+        ]
+        for inspector in self.inspectors:
+            await inspector.flushall()
         self.proxy = await FaultProxy(self.server.host, self.server.port).start()
-        self.clients = [self._client(slot) for slot in range(CLIENTS)]
-        self.handles = [h for slot in range(CLIENTS) for h in self._handles(slot)]
+        self.clients: list[list[aioredis.Redis]] = [[] for _ in range(CLIENTS)]
+        self.views: list[Any] = [None] * CLIENTS  # where each client's local state lives
+        self.handles = [h for slot in range(CLIENTS) for h in self._open(slot)]
         self.workers = [Worker(i) for i in range(TASKS)]
+
+    async def holders(self, name: str) -> dict[str, int]:
+        """Who holds ``name`` on the server: owner id -> ms left (a RedLock's: on a quorum)."""
+        if self.kind == "redlock":
+            return await introspect.quorum_holders(self.inspectors, name)
+        return await introspect.server_holders(self.inspectors[0], name, LAYOUT[self.kind])
+
+    async def hold_count(self, name: str) -> int | None:
+        """The server's hold count of ``name`` (a quorum's for a RedLock); ``None`` for the
+        primitives without one."""
+        if self.kind == "redlock":
+            return await introspect.quorum_hold_count(self.inspectors, name)
+        if LAYOUT[self.kind] == "lock":
+            return await introspect.server_hold_count(self.inspectors[0], name)
+        return None
 
     def why(self, message: str, lease: Lease | None = None) -> str:
         """An assertion message with the lease's story and the last steps."""
@@ -418,8 +461,8 @@ class StatefulLocks(RuleBasedStateMachine):
         """Every local hold: (client slot, task, lease)."""
         return [
             (slot, task, lease)
-            for slot, client in enumerate(self.clients)
-            for task, lease in introspect.task_leases(client)
+            for slot, view in enumerate(self.views)
+            for task, lease in introspect.task_leases(view)
         ]
 
     def held(self, t: int, pick: int, slots: tuple[int, ...] = tuple(range(CLIENTS))) -> Handle:
@@ -459,8 +502,8 @@ class StatefulLocks(RuleBasedStateMachine):
                 w.task.cancel()
         outcome = await fut
         if spins is not None:
-            for client in self.clients:
-                await introspect.drain(client)
+            for view in self.views:
+                await introspect.drain(view)
         return outcome
 
     def healthy(self, slot: int, lease: Lease) -> bool:
@@ -471,7 +514,7 @@ class StatefulLocks(RuleBasedStateMachine):
 
     def round_trips(self) -> int:
         """Renewal round trips of every client's keeper so far."""
-        return sum(introspect.renewal_round_trips(c) for c in self.clients + self.retired)
+        return sum(introspect.renewal_round_trips(v) for v in self.views + self.retired)
 
     @staticmethod
     def no_spin(trips: int, seconds: float) -> None:
@@ -670,14 +713,14 @@ class StatefulLocks(RuleBasedStateMachine):
         for t in list(self.pending):
             await self.settle(t)
         self.stats["faults"]["close client"] += 1
-        old = self.clients[slot]
+        old = self.views[slot]
         held = [lease for _, lease in introspect.task_leases(old) if lease.state.value == "held"]
-        await old.aclose()
+        for conn in self.clients[slot]:
+            await conn.aclose()
         for lease in held:
             assert lease.lost, f"{lease!r} not lost after its client closed"
         self.retired.append(old)
-        self.clients[slot] = self._client(slot)
-        fresh = iter(self._handles(slot))
+        fresh = iter(self._open(slot))
         self.handles = [next(fresh) if h.slot == slot else h for h in self.handles]
 
     @rule(n=st.integers(0, 2))
@@ -686,7 +729,8 @@ class StatefulLocks(RuleBasedStateMachine):
         """An external ``DEL`` of a lock's key (``n`` < 2), or ``CLIENT KILL TYPE pubsub``."""
         if n == 2:
             self.stats["faults"]["pubsub kill"] += 1
-            await self.inspector.client_kill_filter(_type="pubsub")
+            for inspector in self.inspectors:
+                await inspector.client_kill_filter(_type="pubsub")
             return
         await self._delete(self.names[n])
 
@@ -695,7 +739,7 @@ class StatefulLocks(RuleBasedStateMachine):
         self.stats["faults"]["DEL"] += 1
         loop = asyncio.get_running_loop()
         sent = loop.time()
-        await self.inspector.delete(name)
+        await asyncio.gather(*(inspector.delete(name) for inspector in self.inspectors))
         for _, _, lease in self.leases():  # held before the DEL, or taken while it ran
             self.born.setdefault(lease, sent)
         self.deleted[name] = loop.time()
@@ -755,7 +799,7 @@ class StatefulLocks(RuleBasedStateMachine):
             await self.act(t, self.find(slot, self.names[0], short), "acquire", WAIT)
         await self.quiet(short + 0.15)
         if self.healthy(slot, lease):
-            holders = await introspect.server_holders(self.inspector, h.name, LAYOUT[self.kind])
+            holders = await self.holders(h.name)
             assert not lease.lost and introspect.lease_owner_id(lease) in holders, self.why(
                 f"lease shortened by {how} to {short} s not kept: {lease!r}", lease
             )
@@ -797,6 +841,7 @@ class StatefulLocks(RuleBasedStateMachine):
         await self.quiet(h.lease / 2)
         self.no_spin(self.round_trips() - trips, loop.time() - started)
 
+    @precondition(lambda self: self.kind != "redlock")  # its waiters never register
     @rule(t=TASK, slot=UNPROXIED)
     @scenario
     async def release_beside_tagged_waiter(self, t: int, slot: int) -> None:
@@ -811,7 +856,7 @@ class StatefulLocks(RuleBasedStateMachine):
         if self._lease_of(releaser, h_x) is not None or await self.hold(releaser, h_x) is None:
             return  # held already (maybe more than once), or held by another worker
         if (await self.act(releaser, h_x, "release")).error is None:
-            holders = await introspect.server_holders(self.inspector, x, LAYOUT[self.kind])
+            holders = await self.holders(x)
             assert not holders, self.why(f"{x!r} released by its only holder, held by {holders}")
 
     # -- invariants --------------------------------------------------------------------------
@@ -823,16 +868,9 @@ class StatefulLocks(RuleBasedStateMachine):
     async def check(self) -> None:
         now = asyncio.get_running_loop().time()
         local = self.leases()  # snapshot first: the server is read after it
-        claimed = set().union(*(introspect.live_owner_ids(c) for c in self.clients))
-        server = {
-            name: await introspect.server_holders(self.inspector, name, LAYOUT[self.kind])
-            for name in self.names
-        }
-        counts = (
-            {name: await introspect.server_hold_count(self.inspector, name) for name in self.names}
-            if LAYOUT[self.kind] == "lock"
-            else {}
-        )
+        claimed = set().union(*(introspect.live_owner_ids(v) for v in self.views))
+        server = {name: await self.holders(name) for name in self.names}
+        counts = {name: await self.hold_count(name) for name in self.names}
         # 5. fencing
         for _, _, lease in sorted(local, key=lambda item: item[2].fencing_token):
             self.born.setdefault(lease, now)
@@ -860,7 +898,7 @@ class StatefulLocks(RuleBasedStateMachine):
                 self.unsignalled.pop(lease, None)
                 if self.valid(lease):
                     valid[lease.name].append((task, lease))
-                    if counts:
+                    if counts[lease.name] is not None:
                         assert counts[lease.name] == lease.hold_count, self.why(
                             f"{lease!r}: server hold count {counts[lease.name]}", lease
                         )
@@ -939,23 +977,24 @@ class StatefulLocks(RuleBasedStateMachine):
         for w in self.workers:
             w.task.cancel()
         await asyncio.wait([w.task for w in self.workers])
-        for client in self.clients:
-            await introspect.drain(client)
-            await client.aclose()
+        for view, conns in zip(self.views, self.clients, strict=True):
+            await introspect.drain(view)
+            for conn in conns:
+                await conn.aclose()
         # 6. nothing left running; nothing held beyond its lease
-        for client in self.clients + self.retired:
-            assert not introspect.background_tasks(client), "background task left"
-            assert introspect.keeper_size(client) == 0, "renewal left running"
+        for view in self.views + self.retired:
+            assert not introspect.background_tasks(view), "background task left"
+            assert introspect.keeper_size(view) == 0, "renewal left running"
         for name in self.names:
-            holders = await introspect.server_holders(self.inspector, name, LAYOUT[self.kind])
+            holders = await self.holders(name)
             for owner, ms in holders.items():
                 assert ms <= MAX_LEASE * 1000, f"{owner} holds {name} for {ms} ms more"
 
     async def _close(self) -> None:
         for w in getattr(self, "workers", ()):
             w.task.cancel()
-        for client in [*getattr(self, "clients", ()), getattr(self, "inspector", None)]:
-            if client is not None:
+        for conns in [*getattr(self, "clients", ()), getattr(self, "inspectors", ())]:
+            for client in conns:
                 await client.aclose()
         if hasattr(self, "proxy"):
             await self.proxy.close()
@@ -975,20 +1014,37 @@ async def release_all(h: Handle) -> None:
             await h.lock.release()
 
 
-def machine_for(kind: str, server: ServerProcess) -> type[StatefulLocks]:
-    return type(f"Stateful_{kind}", (StatefulLocks,), {"kind": kind, "server": server})
+def machine_for(
+    kind: str, server: ServerProcess, others: tuple[ServerProcess, ...] = ()
+) -> type[StatefulLocks]:
+    attrs = {"kind": kind, "server": server, "others": others}
+    return type(f"Stateful_{kind}", (StatefulLocks,), attrs)
+
+
+@pytest.fixture(scope="module")
+def other_masters(server_binary: Path) -> Iterator[tuple[ServerProcess, ...]]:
+    """The two masters a RedLock uses besides the session's server (started for it only)."""
+    procs = tuple(ServerProcess(server_binary) for _ in range(MASTERS - 1))
+    try:
+        for proc in procs:
+            proc.start()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.cleanup()
 
 
 @pytest.mark.timeout(0 if SOAK else 120)
-@pytest.mark.parametrize("kind", ["lock", "fair", "rw", "sem"])
-def test_composition(kind: str, server: ServerProcess) -> None:
+@pytest.mark.parametrize("kind", ["lock", "fair", "rw", "sem", "redlock"])
+def test_composition(kind: str, server: ServerProcess, request: pytest.FixtureRequest) -> None:
     """S6: random compositions of the public API keep every invariant of the module docstring."""
     started = time.monotonic()
-    machine = machine_for(kind, server)
+    others = request.getfixturevalue("other_masters") if kind == "redlock" else ()
+    machine = machine_for(kind, server, others)
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=EXAMPLES,
+            max_examples=EXAMPLES if SOAK else round(EXAMPLES * SHARE.get(kind, 1.0)),
             stateful_step_count=STEPS,
             deadline=None,
             derandomize=not SOAK,

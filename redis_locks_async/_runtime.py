@@ -347,8 +347,11 @@ class Runtime:
         if self.closed:
             return
         self.closed = True
-        for hold in list(self.holds.values()):
-            hold.mark_lost("the redis client was closed")
+        for top in list(self.holds.values()):
+            hold: Hold | None = top
+            while hold is not None:  # a task's earlier permits wait underneath (outer)
+                hold.mark_lost("the redis client was closed")
+                hold = hold.outer
         self.holds.clear()
         await self.keeper.aclose()
         for hub in self._hubs.values():

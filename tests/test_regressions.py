@@ -36,7 +36,15 @@ import redis
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from redis_locks_async import HoldState, Lease, Lock, LockError, LockLostError, LockNotOwnedError
+from redis_locks_async import (
+    HoldState,
+    Lease,
+    Lock,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    Semaphore,
+)
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
@@ -1487,3 +1495,23 @@ class TestFoundByBenchmarks:
         fault_proxy.release_replies()
         await asyncio.wait_for(task, 5)
         assert lease.state is HoldState.RELEASED and not lost
+
+
+class TestFoundByTheHarness:
+    """Bugs the stateful harness (tests/test_stateful.py) found."""
+
+    async def test_close_marks_every_permit_of_a_task_lost(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Bug: closing the client marked only a task's newest ``Semaphore`` permit lost; its
+        earlier permits (held underneath) stayed "held" although nothing renewed them any more."""
+        client = connect()
+        first = Semaphore(client, name, 2, lease=2.0)
+        second = Semaphore(client, name, 2, lease=0.5)
+        assert await first.acquire()
+        older = first.current_lease
+        assert await second.acquire()
+        newer = second.current_lease
+        assert older is not None and newer is not None and older is not newer
+        await client.aclose()
+        assert newer.lost and older.lost

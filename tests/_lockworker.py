@@ -80,6 +80,9 @@ class Primitive(Protocol):
     """What the tests use of a lock object, whichever primitive it is."""
 
     @property
+    def name(self) -> str: ...
+
+    @property
     def current_lease(self) -> Lease | None: ...
 
     async def acquire(

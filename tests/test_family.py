@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lease, Lock, LockTimeout, ReadWriteLock, Semaphore
+from redis_locks_async import Lock, LockTimeout, ReadWriteLock, Semaphore
 from tests import _introspect as introspect
 from tests._lockworker import Primitive, make_lock
-from tests.test_lock_faults import finish, settle, step, until, worker_process
+from tests.test_lock_faults import HoldingTask, finish, settle, step, until, worker_process
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -137,48 +137,9 @@ async def proxied(fault_proxy: FaultProxy, client: aioredis.Redis) -> AsyncItera
 # --------------------------------------------------------------------------------------------
 
 
-class Holder:
-    """A task that acquires ``lock`` (so it is the owner) and holds it until :meth:`end`."""
-
-    def __init__(self, lock: Primitive, *, timeout: float | None = None) -> None:
-        self.lock = lock
-        self.acquired: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
-        self._end = asyncio.Event()
-        self.task = asyncio.create_task(self._run(timeout))
-
-    async def _run(self, timeout: float | None) -> None:
-        if not await self.lock.acquire(timeout=timeout):
-            self.acquired.set_result(None)
-            return
-        self.acquired.set_result(self.lock.current_lease)
-        await self._end.wait()
-        await self.lock.release()
-
-    async def wait_acquired(self, within: float = 5.0) -> Lease | None:
-        """The lease once acquired, ``None`` if the acquire timed out."""
-        await asyncio.wait(
-            (self.acquired, self.task), timeout=within, return_when=asyncio.FIRST_COMPLETED
-        )
-        if self.acquired.done():
-            return self.acquired.result()
-        if self.task.done():
-            self.task.result()  # raises what the acquire raised
-        raise AssertionError(f"not acquired within {within} s")
-
-    @property
-    def ended(self) -> bool:
-        return self._end.is_set()
-
-    async def end(self) -> None:
-        """Release (if held) and wait for the task."""
-        self._end.set()
-        await finish(self.task, 5.0, "releasing task")
-        self.task.result()
-
-
-async def holding(lock: Primitive) -> Holder:
-    """A :class:`Holder` of ``lock`` that holds it already."""
-    holder = Holder(lock)
+async def holding(lock: Primitive) -> HoldingTask:
+    """A :class:`HoldingTask` of ``lock`` that holds it already."""
+    holder = HoldingTask(lock)
     assert await holder.wait_acquired() is not None
     return holder
 
@@ -391,7 +352,7 @@ class TestEveryPrimitive:
         line = await readline(proc)
         assert line.startswith("held "), line
         dead_token = int(line.split()[1])
-        waiter = Holder(make(client, name), timeout=10)
+        waiter = HoldingTask(make(client, name), timeout=10)
         try:
             await until(lambda: registered(client, name, kind), what="the waiter's registration")
             proc.send_signal(signal.SIGKILL)
@@ -421,7 +382,7 @@ class TestEveryPrimitive:
         after its lease (30 s)."""
         claim = 1.0
         holder = await holding(make(connect(), name))
-        live: Holder | None = None
+        live: HoldingTask | None = None
         try:
             proc = await spawn(name, "--kind", kind, "--claim-timeout", str(claim), "wait")
             assert await readline(proc) == "waiting"
@@ -430,7 +391,7 @@ class TestEveryPrimitive:
                 what="the worker's registration",
                 within=10,
             )
-            live = Holder(make(client, name), timeout=15)
+            live = HoldingTask(make(client, name), timeout=15)
             await until(
                 lambda: _at_least(registered(client, name, kind), 2),
                 what="the live waiter's registration",
@@ -520,7 +481,7 @@ async def _park_reply(
     inspector: aioredis.Redis,
     name: str,
     kind: str,
-    holder: Holder | None,
+    holder: HoldingTask | None,
 ) -> bool:
     """With replies held at ``proxy``, deliver the first ``k`` replies ``task`` waits for and
     park the next one: ``True`` once a reply is parked, ``False`` if the task finished first.

@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 
 from redis_locks_async import Lease, Lock, LockError, LockLostError
 from tests import _introspect as introspect
+from tests._lockworker import Primitive
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerFactory
 
@@ -196,9 +197,10 @@ async def acquiring(lock: Lock, **kwargs: Any) -> bool:
 
 
 class HoldingTask:
-    """A task that acquires ``lock`` (its own task is the owner) and holds it until :meth:`end`."""
+    """A task that acquires ``lock`` (its own task is the owner) and holds it until :meth:`end`
+    (the one such helper of the suite: ``test_family`` and ``test_regressions`` use it too)."""
 
-    def __init__(self, lock: Lock, *, timeout: float | None = None) -> None:
+    def __init__(self, lock: Primitive, *, timeout: float | None = None) -> None:
         self.lock = lock
         self.acquired: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
         self._end = asyncio.Event()
@@ -213,7 +215,8 @@ class HoldingTask:
         await self.lock.release()
 
     async def wait_acquired(self, within: float = 5.0) -> Lease | None:
-        """The lease once acquired, ``None`` if the acquire timed out."""
+        """The lease once acquired (``None`` if the acquire timed out); fails after
+        ``within`` s, or with what the acquire raised."""
         await asyncio.wait(
             (self.acquired, self.task), timeout=within, return_when=asyncio.FIRST_COMPLETED
         )
@@ -221,13 +224,25 @@ class HoldingTask:
             return self.acquired.result()
         if self.task.done():
             self.task.result()  # raises what the acquire raised
-        raise AssertionError(f"not acquired within {within} s")
+        raise AssertionError(f"{self.lock.name!r} not acquired within {within} s")
+
+    @property
+    def ended(self) -> bool:
+        """Whether :meth:`end` was called."""
+        return self._end.is_set()
 
     async def end(self) -> None:
         """Release (if held) and wait for the task."""
         self._end.set()
         await finish(self.task, 5.0, "releasing task")
         self.task.result()
+
+    async def cancel(self) -> None:
+        """Cancel the task (waiting, or holding) and wait for it; its outcome is ignored."""
+        self.task.cancel()
+        await asyncio.wait((self.task,), timeout=5.0)
+        if self.task.done() and not self.task.cancelled():
+            self.task.exception()  # retrieved
 
 
 async def worker_process(

@@ -48,6 +48,7 @@ from redis_locks_async import (
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
+from tests.test_lock_faults import HoldingTask, finish, until
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -60,31 +61,6 @@ REPO = Path(__file__).resolve().parent.parent
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-
-
-async def until(predicate: Callable[[], object], *, what: str, within: float = 5.0) -> None:
-    """Wait until ``predicate()`` (awaited if awaitable) is truthy, polling every 2 ms; fail
-    naming ``what`` after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        result = predicate()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what}")
-        await asyncio.sleep(0.002)
-
-
-async def finish(task: asyncio.Future[Any], within: float, what: str) -> None:
-    """Wait for ``task``; if it is still running after ``within`` s, cancel it and fail."""
-    done, _ = await asyncio.wait((task,), timeout=within)
-    if not done:
-        task.cancel()
-        await asyncio.wait((task,), timeout=1.0)
-        raise AssertionError(f"{what}: still running after {within} s")
 
 
 async def outcome(
@@ -168,49 +144,6 @@ async def settled(future: asyncio.Future[_T], within: float, what: str) -> _T:
     if not done:
         raise AssertionError(f"{what}: no result after {within} s")
     return future.result()
-
-
-class HoldingTask:
-    """A task that acquires ``lock`` (so it owns it) and holds it until :meth:`end`."""
-
-    def __init__(self, lock: Lock, *, timeout: float | None = None) -> None:
-        self.lock = lock
-        self.acquired: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
-        self._end = asyncio.Event()
-        self.task = asyncio.create_task(self._run(timeout))
-
-    async def _run(self, wait: float | None) -> None:
-        if not await self.lock.acquire(timeout=wait):
-            self.acquired.set_result(None)
-            return
-        self.acquired.set_result(self.lock.current_lease)
-        await self._end.wait()
-        await self.lock.release()
-
-    async def wait_acquired(self, within: float = 5.0) -> Lease | None:
-        """The lease once acquired (``None`` if the acquire timed out); fails after
-        ``within`` s, or with what the acquire raised."""
-        await asyncio.wait(
-            (self.acquired, self.task), timeout=within, return_when=asyncio.FIRST_COMPLETED
-        )
-        if self.acquired.done():
-            return self.acquired.result()
-        if self.task.done():
-            self.task.result()  # raises what the acquire raised
-        raise AssertionError(f"{self.lock.name!r} not acquired within {within} s")
-
-    async def end(self) -> None:
-        """Release (if held) and wait for the task."""
-        self._end.set()
-        await finish(self.task, 5.0, "releasing task")
-        self.task.result()
-
-    async def cancel(self) -> None:
-        """Cancel the task (waiting, or holding) and wait for it; its outcome is ignored."""
-        self.task.cancel()
-        await asyncio.wait((self.task,), timeout=5.0)
-        if self.task.done() and not self.task.cancelled():
-            self.task.exception()  # retrieved
 
 
 async def owner_of(inspector: aioredis.Redis, name: str) -> str | None:

@@ -52,6 +52,7 @@ __all__ = (
     "bundled_valkey_binary",
     "free_port",
     "running_server",
+    "running_servers",
     "server_binaries",
     "system_redis_binary",
 )
@@ -618,6 +619,19 @@ def running_server(
         yield server.start()
     finally:
         server.cleanup()
+
+
+@contextlib.contextmanager
+def running_servers(binary: Path | str | None, count: int) -> Iterator[list[ServerProcess]]:
+    """``count`` started, independent servers (N masters of a ``RedLock``); all cleaned up."""
+    servers = [ServerProcess(binary) for _ in range(count)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.cleanup()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

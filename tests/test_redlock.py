@@ -26,7 +26,7 @@ from redis_locks_async._redlock import EvenMastersWarning
 from tests import _introspect as introspect
 from tests.conftest import ProxyFactory
 from tests.faultproxy import FaultProxy
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, running_servers
 
 REPO = Path(__file__).resolve().parent.parent
 MASTERS = 5
@@ -42,14 +42,8 @@ Clients = Callable[..., list[aioredis.Redis]]
 @pytest.fixture(scope="module")
 def masters(server_binary: Path) -> Iterator[list[ServerProcess]]:
     """Five independent masters for the module (tests over three use the first three)."""
-    procs = [ServerProcess(server_binary) for _ in range(MASTERS)]
-    try:
-        for proc in procs:
-            proc.start()
+    with running_servers(server_binary, MASTERS) as procs:
         yield procs
-    finally:
-        for proc in procs:
-            proc.cleanup()
 
 
 @pytest.fixture(autouse=True)

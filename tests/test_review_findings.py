@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from redis_locks_async import Lock, LockError, LockLostError, RedLock
 from tests.conftest import ProxyFactory
 from tests.faultproxy import FaultProxy
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, running_servers
 
 Clients = Callable[..., list[aioredis.Redis]]
 
@@ -26,14 +26,8 @@ Clients = Callable[..., list[aioredis.Redis]]
 @pytest.fixture(scope="module")
 def masters(server_binary: Path) -> Iterator[list[ServerProcess]]:
     """Three independent masters for the module."""
-    procs = [ServerProcess(server_binary) for _ in range(3)]
-    try:
-        for proc in procs:
-            proc.start()
+    with running_servers(server_binary, 3) as procs:
         yield procs
-    finally:
-        for proc in procs:
-            proc.cleanup()
 
 
 @pytest.fixture(autouse=True)

@@ -135,7 +135,7 @@ from redis_locks_async import (
 )
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, running_servers
 
 pytestmark = pytest.mark.skipif(
     sys.version_info < (3, 11), reason="workers survive a cancellation with Task.uncancel()"
@@ -1024,14 +1024,8 @@ def machine_for(
 @pytest.fixture(scope="module")
 def other_masters(server_binary: Path) -> Iterator[tuple[ServerProcess, ...]]:
     """The two masters a RedLock uses besides the session's server (started for it only)."""
-    procs = tuple(ServerProcess(server_binary) for _ in range(MASTERS - 1))
-    try:
-        for proc in procs:
-            proc.start()
-        yield procs
-    finally:
-        for proc in procs:
-            proc.cleanup()
+    with running_servers(server_binary, MASTERS - 1) as procs:
+        yield tuple(procs)
 
 
 @pytest.mark.timeout(0 if SOAK else 120)

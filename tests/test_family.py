@@ -24,7 +24,7 @@ import re
 import secrets
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import pytest
@@ -33,7 +33,8 @@ import redis.asyncio as aioredis
 from redis_locks_async import Lock, LockTimeout, ReadWriteLock, Semaphore
 from tests import _introspect as introspect
 from tests._lockworker import Primitive, make_lock
-from tests.test_lock_faults import HoldingTask, finish, settle, step, until, worker_process
+from tests._workers import Hold, Spawn, assert_exclusive, contend, readline, worker_process
+from tests.test_lock_faults import HoldingTask, finish, settle, step, until
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -55,9 +56,6 @@ class Make(Protocol):
     """``make(client, name, **options)``: the lock object of the primitive under test."""
 
     def __call__(self, client: aioredis.Redis, name: str, **options: Any) -> Primitive: ...
-
-
-Hold = tuple[int, int, int]  # start ns, end ns, fencing token
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,14 +85,6 @@ def name(request: pytest.FixtureRequest) -> str:
     """A lock name unique to this test, without glob characters (so ``SCAN MATCH`` finds
     exactly its keys)."""
     return f"family:{re.sub(r'[^A-Za-z0-9_-]', '_', request.node.name)}:{secrets.token_hex(4)}"
-
-
-class Spawn(Protocol):
-    """``await spawn(name, *worker args)``: a started ``tests._lockworker`` process."""
-
-    def __call__(
-        self, name: str, *args: str, stdin: int | None = None
-    ) -> Awaitable[asyncio.subprocess.Process]: ...
 
 
 @pytest.fixture
@@ -142,51 +132,6 @@ async def holding(lock: Primitive) -> HoldingTask:
     holder = HoldingTask(lock)
     assert await holder.wait_acquired() is not None
     return holder
-
-
-async def readline(proc: asyncio.subprocess.Process, within: float = 15.0) -> str:
-    """The next line the worker prints (fails if it ends or stays silent)."""
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), within)
-    assert line, f"worker exited (status {proc.returncode}) without a line"
-    return line.decode().strip()
-
-
-async def contend(
-    spawn: Spawn, name: str, kinds: Sequence[str], *, tasks: int, rounds: int, **opts: str
-) -> list[list[Hold]]:
-    """One contending worker per entry of ``kinds`` (``tests._lockworker contend``), started
-    together; the holds each one recorded."""
-    options = [f"--{key.replace('_', '-')}={value}" for key, value in opts.items()]
-    workers = []
-    for kind in kinds:
-        args = ("--lease", "5", "--kind", kind, *options, "contend")
-        args += ("--tasks", str(tasks), "--rounds", str(rounds), "--stay-ms", "3")
-        workers.append(await spawn(name, *args, stdin=asyncio.subprocess.PIPE))
-    for proc in workers:
-        assert await readline(proc) == "ready"
-    for proc in workers:
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
-        await proc.stdin.drain()
-        proc.stdin.close()
-    outputs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in workers)), 40)
-    holds: list[list[Hold]] = []
-    for proc, (out, _) in zip(workers, outputs, strict=True):
-        lines = out.decode().splitlines()
-        assert proc.returncode == 0 and lines and lines[-1] == "done", out
-        mine = [(int(a), int(b), int(c)) for _, a, b, c in (line.split() for line in lines[:-1])]
-        assert len(mine) == tasks * rounds
-        holds.append(mine)
-    return holds
-
-
-def assert_exclusive(holds: list[Hold]) -> None:
-    """No two holds overlap, and tokens strictly increase in the order of the holds."""
-    ordered = sorted(holds)
-    for (_, end, token), (start, _, later) in itertools.pairwise(ordered):
-        assert end < start, f"holds overlap: token {token} and token {later}"
-        assert token < later, f"token {later} came after {token}"
 
 
 def peak(holds: list[Hold]) -> int:

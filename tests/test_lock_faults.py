@@ -20,7 +20,6 @@ import asyncio
 import inspect
 import itertools
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ import redis.asyncio as aioredis
 from redis_locks_async import Lease, Lock, LockError, LockLostError
 from tests import _introspect as introspect
 from tests._lockworker import Primitive
+from tests._workers import assert_exclusive, contend, worker_process
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerFactory
 
@@ -243,15 +243,6 @@ class HoldingTask:
         await asyncio.wait((self.task,), timeout=5.0)
         if self.task.done() and not self.task.cancelled():
             self.task.exception()  # retrieved
-
-
-async def worker_process(
-    url: str, name: str, *args: str, stdin: int | None = None
-) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests._lockworker", "--url", url, "--name", name, *args,
-        stdin=stdin, stdout=asyncio.subprocess.PIPE, cwd=REPO,
-    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -773,49 +764,13 @@ class TestProcesses:
             await proc.communicate()
 
     async def test_exclusion_across_processes(self, redis_url: str, name: str) -> None:
-        procs, tasks, rounds = 3, 3, 20
-        workers = [
-            await worker_process(
-                redis_url,
-                name,
-                "--lease",
-                "5",
-                "contend",
-                "--tasks",
-                str(tasks),
-                "--rounds",
-                str(rounds),
-                stdin=asyncio.subprocess.PIPE,
-            )
-            for _ in range(procs)
-        ]
-        try:
-            for proc in workers:
-                assert proc.stdout is not None
-                assert await asyncio.wait_for(proc.stdout.readline(), 15) == b"ready\n"
-            for proc in workers:
-                assert proc.stdin is not None
-                proc.stdin.write(b"go\n")
-                await proc.stdin.drain()
-                proc.stdin.close()
-            outputs = await asyncio.wait_for(
-                asyncio.gather(*(proc.communicate() for proc in workers)), 40
-            )
-        finally:
-            for proc in workers:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.communicate()
-        holds: list[tuple[int, int, int]] = []
-        for proc, (out, _) in zip(workers, outputs, strict=True):
-            lines = out.decode().splitlines()
-            assert proc.returncode == 0 and lines[-1] == "done", out
-            holds += [(int(a), int(b), int(c)) for _, a, b, c in (ln.split() for ln in lines[:-1])]
-        assert len(holds) == procs * tasks * rounds
-        holds.sort()
-        for (_, end, token), (next_start, _, next_token) in itertools.pairwise(holds):
-            assert end < next_start, f"holds overlap: token {token} and token {next_token}"
-            assert token < next_token, f"token {next_token} came after {token}"
+        def spawn(
+            name: str, *args: str, stdin: int | None = None
+        ) -> Awaitable[asyncio.subprocess.Process]:
+            return worker_process(redis_url, name, *args, stdin=stdin)
+
+        holds = await contend(spawn, name, ["lock"] * 3, tasks=3, rounds=20)
+        assert_exclusive(list(itertools.chain.from_iterable(holds)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import sys
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ import redis.asyncio as aioredis
 from redis_locks_async import LockLostError, LockNotOwnedError, LockTimeout, RedLock
 from redis_locks_async._redlock import EvenMastersWarning
 from tests import _introspect as introspect
+from tests._workers import assert_exclusive, contend, worker_process
 from tests.conftest import ProxyFactory
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess, running_servers
@@ -542,40 +542,12 @@ async def _all_set(inspectors: Sequence[aioredis.Redis], name: str) -> bool:
 
 
 async def test_exclusion_across_processes(masters: list[ServerProcess], name: str) -> None:
-    procs, tasks, rounds = 3, 2, 10
     urls = ",".join(proc.url for proc in masters[:3])
-    command = [sys.executable, "-m", "tests._lockworker", "--redlock", urls, "--name", name]
-    command += ["--lease", "5", "contend", "--tasks", str(tasks), "--rounds", str(rounds)]
-    workers = [
-        await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=REPO
-        )
-        for _ in range(procs)
-    ]
-    try:
-        for proc in workers:
-            assert proc.stdout is not None
-            assert await asyncio.wait_for(proc.stdout.readline(), 15) == b"ready\n"
-        for proc in workers:
-            assert proc.stdin is not None
-            proc.stdin.write(b"go\n")
-            await proc.stdin.drain()
-            proc.stdin.close()
-        outputs = await asyncio.wait_for(
-            asyncio.gather(*(proc.communicate() for proc in workers)), 40
-        )
-    finally:
-        for proc in workers:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.communicate()
-    holds: list[tuple[int, int, int]] = []
-    for proc, (out, _) in zip(workers, outputs, strict=True):
-        lines = out.decode().splitlines()
-        assert proc.returncode == 0 and lines[-1] == "done", out
-        holds += [(int(a), int(b), int(c)) for _, a, b, c in (ln.split() for ln in lines[:-1])]
-    assert len(holds) == procs * tasks * rounds
-    holds.sort()
-    for (_, end, token), (next_start, _, next_token) in itertools.pairwise(holds):
-        assert end < next_start, f"holds overlap: token {token} and token {next_token}"
-        assert token < next_token, f"token {next_token} came after {token}"
+
+    def spawn(
+        name: str, *args: str, stdin: int | None = None
+    ) -> Awaitable[asyncio.subprocess.Process]:
+        return worker_process(urls, name, *args, stdin=stdin, redlock=True)
+
+    holds = await contend(spawn, name, ["lock"] * 3, tasks=2, rounds=10)
+    assert_exclusive(list(itertools.chain.from_iterable(holds)))

@@ -25,7 +25,6 @@ import contextlib
 import logging
 import secrets
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,6 +45,7 @@ from redis_locks_async import (
     Semaphore,
 )
 from tests import _introspect as introspect
+from tests._workers import worker_process
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
 from tests.test_lock_faults import HoldingTask, finish, until
@@ -1298,13 +1298,6 @@ class TestFoundByReview:
         assert await hold_count(client, name) == 1 and lease.hold_count == 1
         await outer.release()
         assert await is_free(client, name)
-
-
-async def worker_process(url: str, name: str, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests._lockworker", "--url", url, "--name", name, *args,
-        stdout=asyncio.subprocess.PIPE, cwd=REPO,
-    )  # fmt: skip
 
 
 class TestDeadWaiters:

@@ -349,9 +349,12 @@ class FanOut:
             lambda c: script.run(c, keys, (value, *args[1:])), lambda r: _status(r) == wanted
         )
         if mode == "final":
-            # What did not answer is swept (the key ends by itself at the latest).
+            # What did not answer is swept (the key ends by itself at the latest), and so is
+            # what answered "not held": an attempt of this hold still in flight there (a
+            # straggler of its acquire round) would take the key after this release; the
+            # sweep's abandon fences it off, or removes what it took.
             state.value = None
-            unsure = [i for i, r in enumerate(results) if _status(r) not in (0, -1)]
+            unsure = [i for i, r in enumerate(results) if _status(r) != 0]
             if unsure:
                 self._sweep(state, owner, value, unsure)
             else:

@@ -12,9 +12,10 @@
 -- ARGV[6]  channel to announce a hand-over on
 -- ARGV[7]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
 -- returns  {1, token, count, pttl}  ARGV[1] holds the lock (as in lock_acquire.lua)
---          {0, 0, 0, pttl}          held by another owner for pttl more ms; or free but owed to
+--          {0, at, 0, pttl}         held by another owner for pttl more ms; or free but owed to
 --                                   the first live waiter in line, which is handed it now (pttl
---                                   is then its claim window): a newcomer never barges in
+--                                   is then its claim window): a newcomer never barges in. at:
+--                                   as in lock_acquire.lua
 --          {-1, 0, 0, 0}            ARGV[1] already gave up: a late duplicate; nothing changed
 --          {-2, 1, 0, 0}            KEYS[1] exists but is not a lock; nothing was changed
 -- A key of another type fails the script with WRONGTYPE before anything is written.
@@ -39,6 +40,7 @@ if head and head ~= me then
     local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now)
     if mode == 'wait' then
         register(meta, queue, me, now, lease, claim, grace + ttl)
+        return {0, now, 0, ttl}
     end
     return {0, 0, 0, ttl}
 end

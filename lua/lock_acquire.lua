@@ -17,7 +17,10 @@
 -- returns  {1, token, count, pttl}  ARGV[1] holds the lock (taken now, or handed over to it
 --                                   while it waited, or taken by an earlier run of this very
 --                                   call that a retrying client sent again)
---          {0, 0, 0, pttl}          another owner holds it for pttl more ms (-1: no TTL)
+--          {0, at, 0, pttl}         another owner holds it for pttl more ms (-1: no TTL); at:
+--                                   the server's clock (us) when ARGV[1] was registered ("wait"),
+--                                   0 in "try" mode — a grant announced later carries its own
+--                                   time, so the waiter can tell how long after this it came
 --          {-1, 0, 0, 0}            ARGV[1] already gave up: a late duplicate; nothing changed
 --          {-2, 1, 0, 0}            KEYS[1] exists but is not a lock; nothing was changed
 -- A key of another type fails the script with WRONGTYPE before anything is written.

@@ -122,8 +122,10 @@ end
 -- `take(role, granted)` says so (granted: how many so far); `record(head, window, token, role)`
 -- stores each grant. A grantee gets only its claim window (window = min(claim, lease)) until it
 -- confirms by renewing: a waiter that died while registered delays the next one by at most its
--- claim window. One announcement names every grantee: "g:<ttl>:<owner>:<token>[:...]" (ttl:
--- the shortest window). Returns how many were granted, and the ttl.
+-- claim window. One announcement names every grantee: "g:<ttl>:<at>:<owner>:<token>[:...]"
+-- (ttl: the shortest window; at: the server's clock in microseconds, from which a grantee
+-- that reads the announcement late measures its window). Returns how many were granted, and
+-- the ttl.
 local function grant_batch(meta, queue, channel, sharded, now, take, record)
     local now_ms = math.floor(now / 1000)
     local granted, ttl, message = 0, nil, ''
@@ -144,7 +146,7 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record)
     if granted > 0 then
         redis.call('HSET', meta, 'fence', int(token))
         keep(meta, ttl + AUX_TAIL_MS)
-        announce(channel, sharded, 'g:' .. int(ttl) .. message)
+        announce(channel, sharded, 'g:' .. int(ttl) .. ':' .. int(now) .. message)
     end
     return granted, ttl
 end
@@ -179,7 +181,9 @@ local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, cla
             return {-1, 0, 0, 0}
         end
         redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
-        register(meta, queue, me, now_us(), lease, claim, grace + (pttl > 0 and pttl or lease))
+        local now = now_us()
+        register(meta, queue, me, now, lease, claim, grace + (pttl > 0 and pttl or lease))
+        return {0, now, 0, pttl}
     end
     return {0, 0, 0, pttl}
 end

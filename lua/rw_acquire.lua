@@ -16,8 +16,8 @@
 --          allowed whatever else waits
 -- returns  {1, token, 1, ttl}  ARGV[1] holds this side (taken now, handed over while it
 --                              waited, or by an earlier run of this very call)
---          {0, 0, 0, ttl}      it cannot be taken now; ttl: when the current holds end at
---                              the latest (-1: unknown)
+--          {0, at, 0, ttl}     it cannot be taken now; ttl: when the current holds end at
+--                              the latest (-1: unknown); at: as in lock_acquire.lua
 --          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
 --          {-2, 1, 0, 0}       KEYS[1] is a hash of another kind of lock; nothing changed
 -- A key of another type fails the script with WRONGTYPE before anything is written.
@@ -72,5 +72,6 @@ end
 local ttl = redis.call('PTTL', lock)
 if mode == 'wait' then
     register(meta, queue, me, now, lease, claim, grace + (ttl > 0 and ttl or lease), side)
+    return {0, now, 0, ttl}
 end
 return {0, 0, 0, ttl}

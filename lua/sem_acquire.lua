@@ -11,8 +11,8 @@
 -- ARGV[6]  the caller's permit count, used when the semaphore has none recorded yet
 -- returns  {1, token, 1, ttl}  ARGV[1] holds a permit (taken now, handed over while it waited,
 --                              or by an earlier run of this very call)
---          {0, 0, 0, ttl}      no permit is free; ttl: when the first held one ends at the
---                              latest
+--          {0, at, 0, ttl}     no permit is free; ttl: when the first held one ends at the
+--                              latest; at: as in lock_acquire.lua
 --          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
 -- A key of another type fails the script with WRONGTYPE before anything is written.
 
@@ -50,5 +50,6 @@ local ttl = first[2] and (tonumber(first[2]) - now_ms) or -1
 if mode == 'wait' then
     register(meta, queue, me, now, lease, tonumber(ARGV[5]),
              tonumber(ARGV[4]) + (ttl > 0 and ttl or lease))
+    return {0, now, 0, ttl}
 end
 return {0, 0, 0, ttl}

@@ -61,7 +61,7 @@ from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
 from ._lease import Hold, HoldState, Lease, LostCallback
-from ._parking import News, Waiter
+from ._parking import Granted, News, Waiter
 from ._runtime import Runtime, existing_runtime, new_owner_id, runtime_for
 from ._scripts import Call, explain, ints, wrong_type_error
 from ._validation import check_lease, check_name, check_replicas, check_timeout, to_ms
@@ -154,7 +154,9 @@ class Reply(NamedTuple):
 
     ``status``: 1 held by the caller, 0 held by another owner, -1 refused (not the owner, or a
     late duplicate of an abandoned acquisition), -2 ``token`` is the 1-based index of a key of
-    the wrong type. ``ttl_ms``: the lock's remaining TTL (-1: none).
+    the wrong type. ``ttl_ms``: the lock's remaining TTL (-1: none). With status 0 in "wait"
+    mode ``token`` is the server's clock (µs) when the caller was registered: a grant's own
+    server time is measured from it (see :func:`_claim_end`).
     """
 
     status: int
@@ -384,6 +386,25 @@ def _release_deadline(hold: Hold) -> float:
 
 def _left(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:
     return None if deadline is None else max(0.0, deadline - loop.time())
+
+
+def _claim_end(grant: Granted, since: tuple[float, int] | None) -> float | None:
+    """The loop time by which the claim window of ``grant`` has surely ended on the server, or
+    ``None`` when the grant cannot be vouched for.
+
+    The window runs from the grant (server time), not from when the announcement was read:
+    read late (a loaded machine, a paused process), the server may already have moved the
+    lock on. ``since`` — the last attempt that found this owner waiting, as (loop time sent,
+    server time µs) — dates the grant on the loop's clock from below. A grant older than that
+    attempt is stale (the attempt would have found the lock this owner's); without ``since``
+    nothing dates it. Either way the caller asks the server instead.
+    """
+    if since is None:
+        return None
+    sent_at, at_us = since
+    if grant.at_us < at_us:
+        return None
+    return min(grant.received_at, sent_at + (grant.at_us - at_us) / 1e6) + grant.ttl
 
 
 def _earlier(a: float | None, b: float | None) -> float | None:
@@ -1083,6 +1104,9 @@ class LockBase:
         lot.join(waiter)
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False
+        # (loop time sent, server time µs) of the last attempt that registered this owner: any
+        # grant naming it came later, so its loop time is at least sent + (grant - server time)
+        since: tuple[float, int] | None = None
         started = loop.time()
         try:
             if not waiter.turn.done():
@@ -1133,6 +1157,8 @@ class LockBase:
                         f"cannot acquire {self._name!r}: the server refused the attempt",
                         name=self._name,
                     )
+                if reply.token > 0:
+                    since = (sent_at, reply.token)
                 ttl = reply.ttl_ms / 1000 if reply.ttl_ms >= 0 else self._lease
                 recheck_at = sent_at + ttl
                 # The registration lives for ttl + grace on the server: re-check (which
@@ -1146,9 +1172,12 @@ class LockBase:
                         else await waiter.sleep(_earlier(recheck_at, deadline))
                     )
                     if waiter.grant is not None:
-                        token, ttl, received_at = waiter.grant
                         self._check_open(runtime)
-                        self._hold(runtime, task, owner, token, received_at + ttl, True)
+                        grant, waiter.grant = waiter.grant, None
+                        expires_at = _claim_end(grant, since)
+                        if expires_at is None or expires_at <= loop.time():
+                            break  # heard too late to vouch for: ask the server (re-attempt)
+                        self._hold(runtime, task, owner, grant.token, expires_at, True)
                         acquired = True
                         return True
                     if deadline is not None and loop.time() >= deadline:

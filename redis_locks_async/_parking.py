@@ -11,14 +11,15 @@ What releases announce on the lock's channel is decoded by :func:`decode` into o
 things, and anything it does not understand is a :class:`Recheck` — never dropped, since a
 dropped announcement would leave waiters sleeping until their lease-bounded timers fire:
 
-* :class:`Grant` — the lock was handed to these owners (with these fencing tokens) and holds for
-  ``ttl_ms`` at most unless they confirm: a local waiter named there holds it now; any other
-  active waiter knows the lock cannot be free before that claim window ends;
+* :class:`Grant` — the lock was handed to these owners (with these fencing tokens) at server time
+  ``at_us`` and holds for ``ttl_ms`` from then at most unless they confirm: a local waiter named
+  there holds it now; any other active waiter knows the lock cannot be free before that claim
+  window ends;
 * :class:`Freed` — ``n`` units were freed (a lock: 1): that many active waiters re-check;
 * :class:`Recheck` — every active waiter re-checks.
 
-Wire format: ``g:<ttl ms>:<owner>:<token>[:<owner>:<token>...]``, ``f:<n>``; anything else means
-"re-check".
+Wire format: ``g:<ttl ms>:<at us>:<owner>:<token>[:<owner>:<token>...]``, ``f:<n>``; anything
+else means "re-check".
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ import enum
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, final
+from typing import Final, NamedTuple, final
 
-__all__ = ("Freed", "Grant", "News", "ParkingLot", "Recheck", "Waiter", "decode")
+__all__ = ("Freed", "Grant", "Granted", "News", "ParkingLot", "Recheck", "Waiter", "decode")
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """The lock was handed over: ``owners`` maps each new owner id to its fencing token."""
+    """The lock was handed over at server time ``at_us`` (microseconds) for a claim window of
+    ``ttl_ms``: ``owners`` maps each new owner id to its fencing token."""
 
     ttl_ms: int
+    at_us: int
     owners: Mapping[str, int]
 
 
@@ -65,14 +68,24 @@ def decode(data: bytes | str) -> Announcement:
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     parts = text.split(":")
     try:
-        if parts[0] == "g" and len(parts) >= 4 and len(parts) % 2 == 0:
-            owners = {parts[i]: int(parts[i + 1]) for i in range(2, len(parts), 2)}
-            return Grant(int(parts[1]), owners)
+        if parts[0] == "g" and len(parts) >= 5 and len(parts) % 2 == 1:
+            owners = {parts[i]: int(parts[i + 1]) for i in range(3, len(parts), 2)}
+            return Grant(int(parts[1]), int(parts[2]), owners)
         if parts[0] == "f" and len(parts) == 2:
             return Freed(max(1, int(parts[1])))
     except ValueError:
         pass
     return RECHECK
+
+
+@final
+class Granted(NamedTuple):
+    """What a waiter keeps of the grant that named it."""
+
+    token: int
+    ttl: float  # the claim window, seconds
+    at_us: int  # server time of the grant, microseconds
+    received_at: float  # loop time the announcement was read
 
 
 class News(enum.Enum):
@@ -94,7 +107,7 @@ class Waiter:
         self._loop = loop
         self.owner = owner
         self.turn: asyncio.Future[None] = loop.create_future()
-        self.grant: tuple[int, float, float] | None = None  # (token, ttl s, received at)
+        self.grant: Granted | None = None
         self.bound = 0.0  # with News.LATER: the lock cannot be free before this loop time
         self._news: News | None = None
         self._signal: asyncio.Future[None] | None = None
@@ -106,9 +119,9 @@ class Waiter:
         if self._signal is not None and not self._signal.done():
             self._signal.set_result(None)
 
-    def granted(self, token: int, ttl_ms: int) -> None:
-        """The lock was handed to this waiter's owner id."""
-        self.grant = (token, ttl_ms / 1000, self._loop.time())
+    def granted(self, token: int, news: Grant) -> None:
+        """The lock was handed to this waiter's owner id (``news``: the announcement)."""
+        self.grant = Granted(token, news.ttl_ms / 1000, news.at_us, self._loop.time())
         self.notify(News.GRANTED)
 
     def forget_news(self) -> None:
@@ -188,7 +201,7 @@ class ParkingLot:
             for owner, token in news.owners.items():
                 waiter = self.by_owner.get(owner)
                 if waiter is not None:
-                    waiter.granted(token, news.ttl_ms)
+                    waiter.granted(token, news)
                     mine = True
             # Someone else holds it now, for its claim window at least: if it never confirms,
             # one re-check by this process when the window ends moves the lock on.

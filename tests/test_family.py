@@ -403,6 +403,39 @@ class TestEveryPrimitive:
         await assert_no_leaked_keys(client, name, kind, lease + claim + REGISTRATION_GRACE)
 
 
+    async def test_a_grant_heard_after_its_claim_window_is_no_hold(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        make: Make,
+        kind: str,
+        name: str,
+    ) -> None:
+        """Regression (S1 chaos run, 45 µs overlap): a waiter handed the lock counted its
+        claim window from the moment it *read* the grant, not from the grant. When the grant
+        reached it late (a loaded machine, a paused process; here a 1 s delay), the server's
+        claim had ended and the next waiter held the lock, while the late one's ``acquire``
+        still returned a lease it believed valid until its confirmation came back "lost"."""
+        claim = 0.3
+        first = await holding(make(connect(), name, lease=10))
+        late = HoldingTask(make(proxied, name, lease=10, claim_timeout=claim), timeout=4.0)
+        await until(lambda: _at_least(registered(client, name, kind), 1), what="a registration")
+        await asyncio.sleep(0.1)  # its reply is back
+        fault_proxy.delay(1.0)  # from now on the late waiter hears everything 1 s late
+        other = HoldingTask(make(connect(), name, lease=10))
+        await until(lambda: _at_least(registered(client, name, kind), 2), what="the second one")
+        await first.end()  # hands the lock to the late waiter, for `claim` s unless it confirms
+        assert await other.wait_acquired(within=5.0) is not None  # the claim ran out: its turn
+        held = await late.wait_acquired(within=8.0)
+        assert held is None, (
+            f"acquire returned a lease (remaining {held.remaining():.3f} s, lost={held.lost}) "
+            "while another task held the lock"
+        )
+        await other.end()
+        await late.end()
+
 async def _at_least(value: Awaitable[int], least: int) -> bool:
     return await value >= least
 

@@ -1,0 +1,62 @@
+"""Pure units: how a waiter reads a hand-over announcement and dates the claim window it got.
+
+The behaviour against a real server (a grant read after its claim window ended is no hold) is
+``test_family.py::TestEveryPrimitive::test_a_grant_heard_after_its_claim_window_is_no_hold``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from redis_locks_async._core import _claim_end
+from redis_locks_async._parking import RECHECK, Freed, Grant, Granted, decode
+
+
+class TestDecode:
+    def test_a_grant_names_its_time_and_every_grantee(self) -> None:
+        assert decode(b"g:300:1700000000123456:a:11:b:12") == Grant(
+            300, 1700000000123456, {"a": 11, "b": 12}
+        )
+
+    @pytest.mark.parametrize(
+        "raw",
+        [
+            b"g:300:a:11",  # the format before grants carried their time
+            b"g:300:1700000000123456",  # nobody named
+            b"g:300:1700000000123456:a",  # an owner without a token
+            b"g:x:1:a:1",
+            b"",
+            b"zzz",
+        ],
+    )
+    def test_anything_malformed_is_a_recheck(self, raw: bytes) -> None:
+        assert decode(raw) is RECHECK
+
+    def test_freed(self) -> None:
+        assert decode("f:3") == Freed(3)
+
+
+class TestClaimEnd:
+    """``since`` = (loop time the registering attempt was sent, server µs it ran at)."""
+
+    def test_read_at_once_counts_from_the_read(self) -> None:
+        # granted 2 s (server time) after the registration, read 1 ms after the attempt was
+        # sent + those 2 s: the earlier of the two dates wins
+        grant = Granted(token=7, ttl=0.3, at_us=5_000_000 + 2_000_000, received_at=102.001)
+        assert _claim_end(grant, (100.0, 5_000_000)) == pytest.approx(102.0 + 0.3)
+
+    def test_read_late_counts_from_the_grant(self) -> None:
+        """Regression (S1 chaos run): the window was counted from the read."""
+        grant = Granted(token=7, ttl=0.3, at_us=5_000_000 + 2_000_000, received_at=103.5)
+        end = _claim_end(grant, (100.0, 5_000_000))
+        assert end == pytest.approx(102.3)
+        assert end is not None and end < grant.received_at  # over before it was heard of
+
+    def test_a_grant_older_than_the_last_registration_is_stale(self) -> None:
+        """A later attempt found the owner still waiting: the grant had run out by then."""
+        grant = Granted(token=7, ttl=0.3, at_us=4_999_000, received_at=100.5)
+        assert _claim_end(grant, (100.0, 5_000_000)) is None
+
+    def test_no_reference_no_vouching(self) -> None:
+        grant = Granted(token=7, ttl=0.3, at_us=5_000_000, received_at=100.5)
+        assert _claim_end(grant, None) is None

@@ -39,7 +39,7 @@ if head and head ~= me then
     -- ran out): hand it over as a release would have.
     local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now)
     if mode == 'wait' then
-        register(meta, queue, me, now, lease, claim, grace + ttl)
+        register(meta, queue, me, now, lease, claim, grace, ttl)
         return {0, now, 0, ttl}
     end
     return {0, 0, 0, ttl}

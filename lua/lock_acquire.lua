@@ -11,8 +11,9 @@
 -- ARGV[3]  mode: "try"   take the lock if it is free;
 --                 "wait"  the same, and when it is held register ARGV[1] so that a release
 --                         hands the lock over directly (lock_release.lua)
--- ARGV[4]  registration grace in milliseconds: a registration lives for the holder's
---          remaining lease plus this, and the waiter's next attempt refreshes it
+-- ARGV[4]  registration grace in milliseconds: a registration lives for the longer of the
+--          holder's remaining lease and ARGV[2], plus this; the waiter's next attempt
+--          refreshes it
 -- ARGV[5]  claim window in milliseconds: how long this waiter has to confirm a hand-over
 -- returns  {1, token, count, pttl}  ARGV[1] holds the lock (taken now, or handed over to it
 --                                   while it waited, or taken by an earlier run of this very

@@ -77,8 +77,11 @@ end
 -- Waiter registrations: `queue` is a ZSET owner -> arrival (server microseconds), and `meta`
 -- holds "w:<owner>" -> "<deadline ms>:<lease ms>:<claim ms>:<role>" (role: "" for a plain
 -- lock; "r"/"w" for the sides of a read/write lock). A registration is live until its
--- deadline (server time); the waiter's next attempt refreshes it.
-local function register(meta, queue, owner, now, lease, claim, lives, role)
+-- deadline (server time): `grace` ms after the longer of `ttl` (when the current holds end;
+-- -1: unknown) and the waiter's own `lease` — so a waiter far back in a line need not refresh
+-- it while the holds ahead of it change hands. The waiter's next attempt refreshes it.
+local function register(meta, queue, owner, now, lease, claim, grace, ttl, role)
+    local lives = grace + math.max(ttl, lease)
     redis.call('ZADD', queue, 'NX', now, owner)
     redis.call('HSET', meta, 'w:' .. owner,
         int(math.floor(now / 1000) + lives) .. ':' .. int(lease) .. ':' .. int(claim) .. ':'
@@ -182,7 +185,7 @@ local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, cla
         end
         redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
         local now = now_us()
-        register(meta, queue, me, now, lease, claim, grace + (pttl > 0 and pttl or lease))
+        register(meta, queue, me, now, lease, claim, grace, pttl)
         return {0, now, 0, pttl}
     end
     return {0, 0, 0, pttl}

@@ -71,7 +71,7 @@ end
 
 local ttl = redis.call('PTTL', lock)
 if mode == 'wait' then
-    register(meta, queue, me, now, lease, claim, grace + (ttl > 0 and ttl or lease), side)
+    register(meta, queue, me, now, lease, claim, grace, ttl, side)
     return {0, now, 0, ttl}
 end
 return {0, 0, 0, ttl}

@@ -48,8 +48,7 @@ end
 local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 local ttl = first[2] and (tonumber(first[2]) - now_ms) or -1
 if mode == 'wait' then
-    register(meta, queue, me, now, lease, tonumber(ARGV[5]),
-             tonumber(ARGV[4]) + (ttl > 0 and ttl or lease))
+    register(meta, queue, me, now, lease, tonumber(ARGV[5]), tonumber(ARGV[4]), ttl)
     return {0, now, 0, ttl}
 end
 return {0, 0, 0, ttl}

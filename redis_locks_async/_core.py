@@ -143,7 +143,7 @@ class Attempt(NamedTuple):
     owner: str  # the acquisition's owner id
     lease_ms: int
     wait: bool  # register to be handed the lock when it cannot be taken now
-    grace_ms: int  # how long a registration outlives the holder's remaining lease
+    grace_ms: int  # how long a registration outlives max(holder's remaining lease, lease_ms)
     claim_ms: int  # how long a waiter handed the lock has to confirm it
     sharded: bool  # announce with SPUBLISH, should the attempt hand the lock over
     peer: str  # owner id of the caller's hold on Policy.peer_key, or ""
@@ -181,6 +181,11 @@ class Policy(ABC):
     # The key layout and hold key: primitives of the same layout on one name are one lock.
     layout: ClassVar[str] = "lock"
     active_waiters: ClassVar[int] = 1
+    # True when an attempt that finds the lock free hands it to the first live registration
+    # (FairLock): then one waiter per process re-checking when the holds ahead may end
+    # unannounced is enough — the first in the parking lot; the others only keep their
+    # registrations alive (and the next one takes over the watch when the first leaves).
+    one_watcher: ClassVar[bool] = False
     reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
 
     __slots__ = ("keys",)
@@ -1102,6 +1107,7 @@ class LockBase:
         lot = hub.lot(channel, self._policy.active_waiters)
         waiter = Waiter(loop, owner)
         lot.join(waiter)
+        one_watcher = self._policy.one_watcher
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False
         # (loop time sent, server time µs) of the last attempt that registered this owner: any
@@ -1160,11 +1166,15 @@ class LockBase:
                 if reply.token > 0:
                     since = (sent_at, reply.token)
                 ttl = reply.ttl_ms / 1000 if reply.ttl_ms >= 0 else self._lease
-                recheck_at = sent_at + ttl
-                # The registration lives for ttl + grace on the server: re-check (which
-                # refreshes it) before then, however often hand-overs to others move the
-                # re-check later — or the queue would skip this waiter for ever.
-                refresh_at = sent_at + ttl + REGISTRATION_GRACE
+                # The registration lives for max(ttl, lease) + grace on the server: re-check
+                # (which refreshes it) before then, however often hand-overs to others move
+                # the re-check later — or the queue would skip this waiter for ever.
+                refresh_at = sent_at + max(ttl, self._lease) + REGISTRATION_GRACE
+                # Re-check when the holds ahead may end unannounced (a dead holder, a grantee
+                # that never confirms) — unless another local waiter watches for that.
+                recheck_at = waiter.watch = sent_at + ttl
+                if one_watcher and lot.queue[0] is not waiter:
+                    recheck_at = refresh_at
                 while True:
                     news = (
                         None
@@ -1183,7 +1193,7 @@ class LockBase:
                     if deadline is not None and loop.time() >= deadline:
                         return False
                     if news is News.LATER:
-                        recheck_at = min(waiter.bound, refresh_at)
+                        recheck_at = waiter.watch = min(waiter.bound, refresh_at)
                         continue
                     if news is News.TIMER and loop.time() < recheck_at:
                         continue  # woken for the deadline's sake, which has not passed
@@ -1191,6 +1201,11 @@ class LockBase:
         finally:
             if acquired:
                 self._counters.waited += loop.time() - started
+            if one_watcher:
+                # The next waiter watches from now on: until the holds ahead may end — or, if
+                # this waiter now holds the lock, until its lease may end unannounced.
+                hold = runtime.holds.get((self._policy.hold_key, task)) if acquired else None
+                lot.pass_watch(waiter, waiter.watch if hold is None else hold.expires_at)
             lot.leave(waiter)
             hub.done_with(channel)
             if registered and not acquired:

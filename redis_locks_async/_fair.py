@@ -36,6 +36,7 @@ class FairLockPolicy(HashLockPolicy):
 
     kind = "fair"
     active_waiters = 1 << 30  # every local waiter registers in Redis
+    one_watcher = True  # fair_acquire.lua hands a free lock to the first in line
     __slots__ = ()
 
     def attempt(self, a: Attempt) -> Call:

@@ -101,7 +101,7 @@ class News(enum.Enum):
 class Waiter:
     """One task of this process waiting for one lock."""
 
-    __slots__ = ("_loop", "_news", "_signal", "bound", "grant", "owner", "turn")
+    __slots__ = ("_loop", "_news", "_signal", "bound", "grant", "owner", "turn", "watch")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, owner: str) -> None:
         self._loop = loop
@@ -109,6 +109,7 @@ class Waiter:
         self.turn: asyncio.Future[None] = loop.create_future()
         self.grant: Granted | None = None
         self.bound = 0.0  # with News.LATER: the lock cannot be free before this loop time
+        self.watch: float | None = None  # when this waiter means to re-check the holds ahead
         self._news: News | None = None
         self._signal: asyncio.Future[None] | None = None
 
@@ -190,6 +191,15 @@ class ParkingLot:
             promoted = self.queue[self._active - 1]
             if not promoted.turn.done():
                 promoted.turn.set_result(None)
+
+    def pass_watch(self, waiter: Waiter, until: float | None) -> None:
+        """``waiter``, first in line, is leaving: the next one takes over its watch and
+        re-checks at ``until`` (see ``Policy.one_watcher``)."""
+        if until is None or len(self.queue) < 2 or self.queue[0] is not waiter:
+            return
+        successor = self.queue[1]
+        successor.bound = until
+        successor.notify(News.LATER)
 
     def _actives(self) -> list[Waiter]:
         return [self.queue[i] for i in range(min(self._active, len(self.queue)))]

@@ -46,6 +46,7 @@ __all__ = (
     "quorum_hold_count",
     "quorum_holders",
     "redlock_client",
+    "register_ghost",
     "registered_waiters",
     "renewal_round_trips",
     "script_sources",
@@ -61,6 +62,19 @@ def _state(client: Client) -> Runtime | None:
 def script_sources() -> Sequence[str]:
     """The source of every Lua script the library runs (to ``SCRIPT LOAD`` them up front)."""
     return [script.source for script in (*SCRIPTS, FAIR_ACQUIRE, *RW_SCRIPTS, *SEM_SCRIPTS)]
+
+
+async def register_ghost(
+    inspector: aioredis.Redis, name: str, owner: str, *, lease_ms: int, claim_ms: int
+) -> None:
+    """Register ``owner`` as a ``FairLock`` waiter of ``name`` that will never confirm a grant
+    (a waiter whose process died); the lock must be held (the registration is checked)."""
+    keys = LockKeys.for_name(name)
+    grace_ms = 2000 + claim_ms
+    args = (owner, lease_ms, "wait", grace_ms, claim_ms, keys.channel, 0)
+    reply = await FAIR_ACQUIRE.run(inspector, keys.script_keys, args)
+    assert isinstance(reply, list), reply
+    assert int(reply[0]) == 0, f"the ghost was not registered: {reply!r}"
 
 
 def background_tasks(client: Client) -> set[asyncio.Task[Any]]:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
 from redis_locks_async import FairLock, Lease, Lock
+from redis_locks_async._fair import FAIR_ACQUIRE
 from tests import _introspect as introspect
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
+
+FAIR_ACQUIRE_SHA = FAIR_ACQUIRE.sha
 
 
 class TestFairLock:
@@ -92,3 +97,63 @@ class TestFairLock:
             assert await introspect.server_hold_count(client, name) == 2
             await FairLock(client, name).release()
         assert not await client.exists(name)
+
+
+
+class TestWaitingCost:
+    async def test_only_the_first_local_waiter_watches_a_claim_window(
+        self, client: aioredis.Redis, connect: Connect, name: str
+    ) -> None:
+        """Regression (B3: 4 commands per FairLock hand-over, target 3): every registered
+        waiter re-checked when the claim window it saw at registration ended — under steady
+        hand-overs, about one extra attempt per waiter per window. Only the first waiter of a
+        process watches the holds ahead (an attempt that finds the lock free hands it to the
+        first in line), and the next takes the watch over when it leaves; the others'
+        registrations outlive their own lease, so they wait without a command until their turn.
+
+        A ghost (a waiter that died) is handed the lock for a 0.5 s claim window while five
+        waiters of one client register behind it; when the window ends the first one's
+        re-check takes the lock. Until a second after that, the four others sent nothing but
+        their registration (seen with ``MONITOR``)."""
+        conn = connect()
+        claim = 0.5
+        holder = FairLock(client, name, claim_timeout=claim)
+        assert await holder.acquire()
+        await introspect.register_ghost(client, name, "ghost", lease_ms=30000, claim_ms=500)
+        await holder.release()  # hands the lock to the ghost, for `claim` s
+        attempts: Counter[str] = Counter()
+        watching = asyncio.Event()
+
+        async def monitor() -> None:
+            async with connect().monitor() as feed:
+                watching.set()
+                async for command in feed.listen():
+                    words = shlex.split(str(command.get("command", "")))
+                    if words[:2] == ["EVALSHA", FAIR_ACQUIRE_SHA] and words[-5] == "wait":
+                        attempts[words[-7]] += 1  # the owner id
+
+        spy = asyncio.create_task(monitor())
+        first_in: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done = asyncio.Event()
+
+        async def wait(i: int) -> None:
+            async with FairLock(conn, name, claim_timeout=claim):
+                if i == 0:
+                    first_in.set_result(None)
+                await done.wait()
+
+        try:
+            await asyncio.wait_for(watching.wait(), 5)
+            waiters = []
+            for i in range(5):
+                waiters.append(asyncio.create_task(wait(i)))
+                await introspect.until_registered(client, name, i + 1)
+            await asyncio.wait_for(first_in, 5)
+            await asyncio.sleep(1.0)  # a re-check timer any other waiter had has fired by now
+            done.set()
+            await asyncio.wait_for(asyncio.gather(*waiters), 10)
+        finally:
+            spy.cancel()
+            await asyncio.wait((spy,), timeout=5)
+        assert len(attempts) == 5, attempts
+        assert sorted(attempts.values())[:4] == [1, 1, 1, 1], attempts

@@ -18,6 +18,9 @@
 --                                   as in lock_acquire.lua
 --          {-1, 0, 0, 0}            ARGV[1] already gave up: a late duplicate; nothing changed
 --          {-2, 1, 0, 0}            KEYS[1] exists but is not a lock; nothing was changed
+-- On a free lock whose last grantee never released it (its process died, or was paused past its
+-- claim window or lease) every registration of that grantee's process is dropped first, and
+-- "x:<process tag>" announced (prelude.lua, evict_vanished).
 -- A key of another type fails the script with WRONGTYPE before anything is written.
 -- Idempotent: running it twice with the same ARGV changes nothing the first run did not.
 
@@ -33,6 +36,7 @@ if is_done(done, me) then
     return {-1, 0, 0, 0}
 end
 local now = now_us()
+evict_vanished(meta, queue, ARGV[6], ARGV[7])
 local head = live_head(meta, queue, math.floor(now / 1000))
 if head and head ~= me then
     -- Free, but owed to the first in line (its grantee never confirmed, or the holder's lease

@@ -12,7 +12,8 @@
 --          live (n = 0: it held only expired holds, or did not exist — then nothing changed)
 --          {-2}  KEYS[1] exists but is not a lock of kind ARGV[1]; nothing changed
 -- The fence in KEYS[2] is raised to the highest token removed (never lowered); "last" is left
--- alone, so a removed holder's release reports its lease lost. The announcement is not a
+-- alone, so a removed holder's release reports its lease lost; a pending grantee (field c) is
+-- forgotten, so its process is not taken for dead (prelude.lua, evict_vanished). The announcement is not a
 -- grant nor a count of freed units: every active waiter re-checks (see _parking.py).
 -- A KEYS[2] of another type fails the script with WRONGTYPE before anything is written.
 
@@ -90,6 +91,9 @@ else
 end
 
 redis.call('DEL', lock)
+if redis.call('HEXISTS', meta, 'c') == 1 then
+    redis.call('HSET', meta, 'c', '')  -- a removed grantee did not vanish (evict_vanished)
+end
 if top and top > fence then
     redis.call('HSET', meta, 'fence', int(top))
     keep(meta, AUX_TAIL_MS)

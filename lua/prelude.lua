@@ -43,10 +43,12 @@ local function next_fence(meta, now)
 end
 
 -- What a release leaves behind in `meta`: the token it ended (the fence floor) and its owner,
--- so that the same release re-sent by a retrying client reports "released", not "lost". A
--- `meta` created here gets its TTL; one that existed has one already (every writer sets it).
+-- so that the same release re-sent by a retrying client reports "released", not "lost"; and
+-- no grantee in c (a grant pending confirmation or held — see evict_vanished — ends with a
+-- release). A `meta` created here gets its TTL; one that existed has one already (every writer
+-- sets it).
 local function record_release(meta, token, owner)
-    if redis.call('HSET', meta, 'fence', token, 'last', owner) == 2 then
+    if redis.call('HSET', meta, 'fence', token, 'last', owner, 'c', '') == 3 then
         keep(meta, AUX_TAIL_MS)
     end
 end
@@ -96,6 +98,31 @@ local function unregister(meta, queue, owner)
     end
 end
 
+-- Every owner id of one process begins with the same tag of this many characters
+-- (_runtime.py, process_tag).
+local PROCESS_TAG_LEN = 8
+
+-- Called on a free lock: if the last grantee (meta field c, cleared by every release) never
+-- released it — its claim window or its lease ran out: its process died, or was paused that
+-- long — that process is taken for dead: every registration of its tag is dropped at once (a
+-- killed process with k waiters in line delays the line by one claim window, not k), and
+-- "x:<tag>" tells a process that was only paused to register its waiters again. Reads meta
+-- (type check) in any case.
+local function evict_vanished(meta, queue, channel, sharded)
+    local grantee = redis.call('HGET', meta, 'c')
+    if not grantee or grantee == '' then
+        return
+    end
+    redis.call('HSET', meta, 'c', '')
+    local tag = string.sub(grantee, 1, PROCESS_TAG_LEN)
+    for _, waiter in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+        if string.sub(waiter, 1, PROCESS_TAG_LEN) == tag then
+            unregister(meta, queue, waiter)
+        end
+    end
+    announce(channel, sharded, 'x:' .. tag)
+end
+
 local function parse_registration(entry)
     local deadline, lease, claim, role = string.match(entry or '', '^(%d+):(%d+):(%d+):?(%a*)$')
     if not deadline then
@@ -127,11 +154,11 @@ end
 -- confirms by renewing: a waiter that died while registered delays the next one by at most its
 -- claim window. One announcement names every grantee: "g:<ttl>:<at>:<owner>:<token>[:...]"
 -- (ttl: the shortest window; at: the server's clock in microseconds, from which a grantee
--- that reads the announcement late measures its window). Returns how many were granted, and
--- the ttl.
+-- that reads the announcement late measures its window); `meta` field c names the (last)
+-- grantee, see vanished_grantee. Returns how many were granted, and the ttl.
 local function grant_batch(meta, queue, channel, sharded, now, take, record)
     local now_ms = math.floor(now / 1000)
-    local granted, ttl, message = 0, nil, ''
+    local granted, ttl, message, grantee = 0, nil, '', nil
     local token = next_fence(meta, now) - 1
     while true do
         local head, lease, claim, role = live_head(meta, queue, now_ms)
@@ -143,11 +170,12 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record)
         ttl = ttl and math.min(ttl, window) or window
         token = token + 1
         record(head, window, token, role)
+        grantee = head
         message = message .. ':' .. head .. ':' .. int(token)
         granted = granted + 1
     end
     if granted > 0 then
-        redis.call('HSET', meta, 'fence', int(token))
+        redis.call('HSET', meta, 'fence', int(token), 'c', grantee)
         keep(meta, ttl + AUX_TAIL_MS)
         announce(channel, sharded, 'g:' .. int(ttl) .. ':' .. int(now) .. message)
     end

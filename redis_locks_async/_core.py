@@ -7,7 +7,7 @@ key (which tells the read side of a lock from its write side, or one permit from
 core owns everything else, once:
 
 1. **Ownership.** The owner is the asyncio task. Each fresh acquisition gets a new owner id
-   (``_runtime.new_owner_id``: 128 unguessable bits, never reused); the runtime maps
+   (``_owners.new_owner_id``: 128 unguessable bits, never reused); the runtime maps
    ``(hold key, task)`` to the :class:`~._lease.Hold`, so a task that acquires again re-enters.
    Re-entries are *entries* (``e:<id>`` fields in Redis), so a re-entry or a release re-sent by
    a retrying client counts once, and undoing one cancelled re-entry never touches another.
@@ -61,8 +61,9 @@ from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
 from ._lease import Hold, HoldState, Lease, LostCallback
+from ._owners import new_owner_id
 from ._parking import Granted, News, Waiter
-from ._runtime import Runtime, existing_runtime, new_owner_id, runtime_for
+from ._runtime import Runtime, existing_runtime, runtime_for
 from ._scripts import Call, explain, ints, wrong_type_error
 from ._validation import check_lease, check_name, check_replicas, check_timeout, to_ms
 

@@ -16,10 +16,13 @@ dropped announcement would leave waiters sleeping until their lease-bounded time
   there holds it now; any other active waiter knows the lock cannot be free before that claim
   window ends;
 * :class:`Freed` — ``n`` units were freed (a lock: 1): that many active waiters re-check;
+* :class:`Evicted` — the registrations of the process with this tag were dropped (it was taken
+  for dead): if that is this process after all (it was paused), its active waiters re-check —
+  and so register again;
 * :class:`Recheck` — every active waiter re-checks.
 
-Wire format: ``g:<ttl ms>:<at us>:<owner>:<token>[:<owner>:<token>...]``, ``f:<n>``; anything
-else means "re-check".
+Wire format: ``g:<ttl ms>:<at us>:<owner>:<token>[:<owner>:<token>...]``, ``f:<n>``,
+``x:<process tag>``; anything else means "re-check".
 """
 
 from __future__ import annotations
@@ -31,7 +34,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple, final
 
-__all__ = ("Freed", "Grant", "Granted", "News", "ParkingLot", "Recheck", "Waiter", "decode")
+from ._owners import process_tag
+
+__all__ = (
+    "Evicted",
+    "Freed",
+    "Grant",
+    "Granted",
+    "News",
+    "ParkingLot",
+    "Recheck",
+    "Waiter",
+    "decode",
+)
 
 
 @final
@@ -55,12 +70,20 @@ class Freed:
 
 @final
 @dataclass(frozen=True, slots=True)
+class Evicted:
+    """The registrations of the process tagged ``tag`` (``_runtime.process_tag``) were dropped."""
+
+    tag: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class Recheck:
     """Something changed (or an announcement was not understood): re-check."""
 
 
 RECHECK: Final = Recheck()
-Announcement = Grant | Freed | Recheck
+Announcement = Grant | Freed | Evicted | Recheck
 
 
 def decode(data: bytes | str) -> Announcement:
@@ -73,6 +96,8 @@ def decode(data: bytes | str) -> Announcement:
             return Grant(int(parts[1]), int(parts[2]), owners)
         if parts[0] == "f" and len(parts) == 2:
             return Freed(max(1, int(parts[1])))
+        if parts[0] == "x" and len(parts) == 2:
+            return Evicted(parts[1])
     except ValueError:
         pass
     return RECHECK
@@ -222,6 +247,10 @@ class ParkingLot:
                     waiter.notify(News.LATER)
                     break
             return mine
+        if isinstance(news, Evicted):
+            if news.tag != process_tag():
+                return False
+            news = RECHECK
         count = news.n if isinstance(news, Freed) else len(self.queue)
         for waiter in self._actives()[:count]:
             waiter.notify(News.RECHECK)

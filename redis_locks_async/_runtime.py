@@ -19,20 +19,12 @@ background task: no orphan task survives a closed client. Leases held at that mo
 marked lost (they can no longer be renewed or released) and end on the server when they
 expire; acquisitions in flight fail with :class:`LockError`. After the close, locks on that
 client refuse to work on that loop (create a new client).
-
-**Owner ids** are 128-bit keyed hashes (BLAKE2b) of a per-process counter under a per-process
-secret from :mod:`secrets`, re-drawn after ``fork``: as unguessable as ``secrets.token_hex(16)``
-for anyone without the secret, never repeated, and without a system call per acquisition.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
 import logging
-import os
-import secrets
 import weakref
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, ClassVar, Final, Protocol, final
@@ -54,7 +46,6 @@ __all__ = (
     "Topology",
     "close_with",
     "existing_runtime",
-    "new_owner_id",
     "runtime_for",
     "topology_for",
     "transient_error",
@@ -180,27 +171,6 @@ def transient_error(exc: BaseException) -> bool:
     )
 
 
-# -- owner ids ---------------------------------------------------------------------------------
-
-_secret = secrets.token_bytes(32)
-_counter = itertools.count(1)
-
-
-def _reseed() -> None:
-    global _secret, _counter
-    _secret = secrets.token_bytes(32)
-    _counter = itertools.count(1)
-
-
-if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
-    os.register_at_fork(after_in_child=_reseed)
-
-
-def new_owner_id() -> str:
-    """A fresh, unguessable owner id (128 bits, hex; module docstring)."""
-    return hashlib.blake2b(
-        next(_counter).to_bytes(8, "little"), key=_secret, digest_size=16
-    ).hexdigest()
 
 
 # -- runtimes ----------------------------------------------------------------------------------

@@ -157,14 +157,18 @@ async def _hold(args: argparse.Namespace) -> None:
 async def _wait(args: argparse.Namespace) -> None:
     lock, clients = _open(args)
     print("waiting", flush=True)
-    await lock.acquire()
-    held = lock.current_lease
-    assert held is not None
-    print(f"held {held.fencing_token} {time.monotonic_ns()}", flush=True)
-    if args.release_after is None:
-        await asyncio.Event().wait()  # until SIGKILL
-    await asyncio.sleep(args.release_after)
-    await lock.release()
+
+    async def one() -> None:
+        await lock.acquire()
+        held = lock.current_lease
+        assert held is not None
+        print(f"held {held.fencing_token} {time.monotonic_ns()}", flush=True)
+        if args.release_after is None:
+            await asyncio.Event().wait()  # until SIGKILL
+        await asyncio.sleep(args.release_after)
+        await lock.release()
+
+    await asyncio.gather(*(one() for _ in range(args.tasks)))
     await _close(clients)
     print("released", flush=True)
 
@@ -289,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes.add_parser("hold")
     wait = modes.add_parser("wait")
     wait.add_argument("--release-after", type=float, default=None)
+    wait.add_argument("--tasks", type=int, default=1, help="waiting tasks (all on one lock)")
     contend = modes.add_parser("contend")
     contend.add_argument("--tasks", type=int, default=3)
     contend.add_argument("--rounds", type=int, default=20)

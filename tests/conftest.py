@@ -16,6 +16,8 @@ Fixtures
 ``fault_proxy`` (function, async) a started :class:`~tests.faultproxy.FaultProxy` in front of
                               ``server``; closed at teardown
 ``proxy_factory`` (function, async) ``await proxy_factory(host, port)`` for more proxies
+``proxied`` (function, async) a client (no retry) whose connections all run through
+                              ``fault_proxy``, scripts loaded; faults healed at teardown
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pytest
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
 
+from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerFactory, ServerProcess, binary_info, server_binaries
 
@@ -230,3 +233,19 @@ async def proxy_factory() -> AsyncIterator[ProxyFactory]:
 async def fault_proxy(server: ServerProcess, proxy_factory: ProxyFactory) -> FaultProxy:
     """A started :class:`FaultProxy` in front of ``server``; connect clients to ``.url``."""
     return await proxy_factory(server.host, server.port)
+
+
+@pytest.fixture
+async def proxied(fault_proxy: FaultProxy, client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
+    """A client (``from_url``: no retry) whose every connection runs through ``fault_proxy``:
+    connected, scripts loaded (so the first reply of an acquire is the script's, not a
+    NOSCRIPT or a handshake). Faults are healed before it is closed."""
+    for source in introspect.script_sources():
+        await client.script_load(source)
+    conn = aioredis.Redis.from_url(fault_proxy.url)
+    await conn.ping()
+    try:
+        yield conn
+    finally:
+        fault_proxy.heal()
+        await conn.aclose()

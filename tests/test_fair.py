@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from asyncio import FIRST_COMPLETED
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -12,9 +13,11 @@ import redis.asyncio as aioredis
 from redis_locks_async import FairLock, Lease, Lock
 from redis_locks_async._fair import FAIR_ACQUIRE
 from tests import _introspect as introspect
+from tests.test_lock_faults import HoldingTask
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
+    from tests.faultproxy import FaultProxy
 
 FAIR_ACQUIRE_SHA = FAIR_ACQUIRE.sha
 
@@ -157,3 +160,45 @@ class TestWaitingCost:
             await asyncio.wait((spy,), timeout=5)
         assert len(attempts) == 5, attempts
         assert sorted(attempts.values())[:4] == [1, 1, 1, 1], attempts
+
+    async def test_a_paused_process_taken_for_dead_registers_again(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """A process whose grantee does not confirm within ``claim_timeout`` is taken for dead
+        and its registrations dropped (so a killed process delays the line by one claim window,
+        however many of its tasks waited). One that was only slow for a while — here, a client
+        that hears everything 1.5 s late until the eviction — is told so ("x:<tag>") and
+        registers its waiters again: none is stranded until its registration's refresh
+        (~lease). (A process slower than ``claim_timeout`` for good is taken for dead again at
+        each grant: it still makes progress, slowly.)"""
+        claim = 0.5
+        holder = HoldingTask(FairLock(connect(), name, claim_timeout=claim))
+        assert await holder.wait_acquired() is not None
+        slow = []
+        for i in range(3):  # the grantee; the next, woken by the grant anyway; one more
+            slow.append(HoldingTask(FairLock(proxied, name, claim_timeout=claim), timeout=20))
+            await introspect.until_registered(client, name, i + 1)
+        await asyncio.sleep(0.1)  # their replies are back
+        fault_proxy.delay(1.5)
+        live = HoldingTask(FairLock(connect(), name, claim_timeout=claim), timeout=20)
+        await introspect.until_registered(client, name, 4)
+        await holder.end()  # hands the lock to slow[0], which hears of it too late
+        assert await live.wait_acquired(within=10) is not None  # the slow ones were evicted
+        fault_proxy.delay(0)  # what is on its way still arrives late, the rest at once
+        await live.end()
+        pending = list(slow)  # re-registered in any order: serve whichever holds
+        while pending:
+            await asyncio.wait(
+                [task.acquired for task in pending], timeout=10, return_when=FIRST_COMPLETED
+            )
+            served = [task for task in pending if task.acquired.done()]
+            assert served, f"{len(pending)} waiters stranded"
+            for task in served:
+                assert task.acquired.result() is not None
+                await task.end()
+                pending.remove(task)

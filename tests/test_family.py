@@ -313,8 +313,10 @@ class TestEveryPrimitive:
             await waiter.end()
         await settle(client)
 
+    @pytest.mark.parametrize("dead", [1, 3])
     async def test_waiter_sigkill_does_not_stall_the_next(
         self,
+        dead: int,
         spawn: Spawn,
         connect: Connect,
         client: aioredis.Redis,
@@ -324,21 +326,30 @@ class TestEveryPrimitive:
     ) -> None:
         """A waiter process is SIGKILLed while registered ahead of a live waiter; on release
         the live waiter gets the lock within the dead one's ``claim_timeout`` (+ 1 s), not
-        after its lease (30 s)."""
+        after its lease (30 s).
+
+        With three waiting tasks in the killed process — regression (a killed process's
+        waiters were each handed the lock in turn, one claim window apiece): the first one's
+        unconfirmed grant gets its whole process taken for dead, so the line is delayed by one
+        claim window, not three."""
         claim = 1.0
         holder = await holding(make(connect(), name))
         live: HoldingTask | None = None
+        # every waiter registers, except a Lock's: one per process
+        expected = 1 if kind == "lock" else dead
         try:
-            proc = await spawn(name, "--kind", kind, "--claim-timeout", str(claim), "wait")
+            proc = await spawn(
+                name, "--kind", kind, "--claim-timeout", str(claim), "wait", "--tasks", str(dead)
+            )
             assert await readline(proc) == "waiting"
             await until(
-                lambda: _at_least(registered(client, name, kind), 1),
-                what="the worker's registration",
+                lambda: _at_least(registered(client, name, kind), expected),
+                what="the worker's registrations",
                 within=10,
             )
             live = HoldingTask(make(client, name), timeout=15)
             await until(
-                lambda: _at_least(registered(client, name, kind), 2),
+                lambda: _at_least(registered(client, name, kind), expected + 1),
                 what="the live waiter's registration",
             )
             proc.send_signal(signal.SIGKILL)

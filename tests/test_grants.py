@@ -1,4 +1,5 @@
-"""Pure units: how a waiter reads a hand-over announcement and dates the claim window it got.
+"""Pure units: how a waiter reads an announcement and dates the claim window a grant gives it;
+owner ids and their process tag.
 
 The behaviour against a real server (a grant read after its claim window ended is no hold) is
 ``test_family.py::TestEveryPrimitive::test_a_grant_heard_after_its_claim_window_is_no_hold``.
@@ -9,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from redis_locks_async._core import _claim_end
-from redis_locks_async._parking import RECHECK, Freed, Grant, Granted, decode
+from redis_locks_async._owners import PROCESS_TAG_LEN, new_owner_id, process_tag
+from redis_locks_async._parking import RECHECK, Evicted, Freed, Grant, Granted, decode
 
 
 class TestDecode:
@@ -34,6 +36,18 @@ class TestDecode:
 
     def test_freed(self) -> None:
         assert decode("f:3") == Freed(3)
+
+    def test_evicted(self) -> None:
+        assert decode(b"x:0a1b2c3d") == Evicted("0a1b2c3d")
+        assert decode(b"x:0a1b2c3d:junk") is RECHECK
+
+
+def test_owner_ids_begin_with_the_process_tag() -> None:
+    """What ``evict_vanished`` (prelude.lua) finds a process's registrations by."""
+    ids = {new_owner_id() for _ in range(100)}
+    assert len(ids) == 100
+    assert {owner[:PROCESS_TAG_LEN] for owner in ids} == {process_tag()}
+    assert all(len(owner) == PROCESS_TAG_LEN + 32 for owner in ids)
 
 
 class TestClaimEnd:

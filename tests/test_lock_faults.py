@@ -20,7 +20,7 @@ import asyncio
 import inspect
 import itertools
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,21 +248,6 @@ class HoldingTask:
 # --------------------------------------------------------------------------------------------
 # Fixtures
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def proxied(fault_proxy: FaultProxy, client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
-    """A client whose every connection runs through ``fault_proxy``: connected, scripts loaded
-    (so the first reply of an acquire is the script's, not a NOSCRIPT or a handshake)."""
-    for source in introspect.script_sources():
-        await client.script_load(source)
-    conn = aioredis.Redis.from_url(fault_proxy.url)
-    await conn.ping()
-    try:
-        yield conn
-    finally:
-        fault_proxy.heal()
-        await conn.aclose()
 
 
 @pytest.fixture

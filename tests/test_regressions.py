@@ -223,20 +223,6 @@ async def server_ms(inspector: aioredis.Redis) -> int:
 
 
 @pytest.fixture
-async def proxied(fault_proxy: FaultProxy, client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
-    """A client (``from_url``: no retry) whose connections all run through ``fault_proxy``;
-    connected, scripts loaded."""
-    await load_scripts(client)
-    conn = aioredis.Redis.from_url(fault_proxy.url)
-    await conn.ping()
-    try:
-        yield conn
-    finally:
-        fault_proxy.heal()
-        await conn.aclose()
-
-
-@pytest.fixture
 async def retrying(
     fault_proxy: FaultProxy, client: aioredis.Redis
 ) -> AsyncIterator[aioredis.Redis]:

@@ -25,7 +25,8 @@ _ACQUIRE: Final = Script(
     """
     -- KEYS: holders ZSET owner -> expiry ms, meta HASH, queue ZSET, done ZSET
     -- ARGV: owner, lease ms, mode, grace ms, claim ms, permits
-    -- returns {1, token, 1, ttl} | {0, 0, 0, ttl of the soonest permit} | {-1, 0, 0, 0}
+    -- returns {1, token, 1, ttl} | {0, at, 0, ttl of the soonest permit} | {-1, 0, 0, 0}
+    --         (at: server time in us when registered in "wait" mode, else 0)
     local holders, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
     local me, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
     local now = now_us()
@@ -50,7 +51,8 @@ _ACQUIRE: Final = Script(
     end
     local soonest = tonumber(redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')[2]) - now_ms
     if mode == 'wait' then
-        register(meta, queue, me, now, lease, tonumber(ARGV[5]), tonumber(ARGV[4]) + soonest)
+        register(meta, queue, me, now, lease, tonumber(ARGV[5]), tonumber(ARGV[4]), soonest)
+        return {0, now, 0, soonest}
     end
     return {0, 0, 0, soonest}
     """,
@@ -90,7 +92,8 @@ _RELEASE: Final = Script(
             local token = next_fence(meta, now)
             redis.call('ZADD', holders, now_ms + ttl, head)
             redis.call('HSET', meta, 'fence', int(token), 't:' .. head, int(token))
-            announce(channel, sharded, 'g:' .. int(ttl) .. ':' .. head .. ':' .. int(token))
+            announce(channel, sharded,
+                     'g:' .. int(ttl) .. ':' .. int(now) .. ':' .. head .. ':' .. int(token))
             return {0, 0}
         end
     end

@@ -13,8 +13,9 @@
 --          {-2}  KEYS[1] exists but is not a lock of kind ARGV[1]; nothing changed
 -- The fence in KEYS[2] is raised to the highest token removed (never lowered); "last" is left
 -- alone, so a removed holder's release reports its lease lost; a pending grantee (field c) is
--- forgotten, so its process is not taken for dead (prelude.lua, evict_vanished). The announcement is not a
--- grant nor a count of freed units: every active waiter re-checks (see _parking.py).
+-- forgotten, so its process is not taken for dead (prelude.lua, evict_vanished). The
+-- announcement is not a grant nor a count of freed units: every active waiter re-checks (see
+-- _parking.py).
 -- A KEYS[2] of another type fails the script with WRONGTYPE before anything is written.
 
 local lock, meta = KEYS[1], KEYS[2]

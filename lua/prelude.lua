@@ -44,11 +44,18 @@ end
 
 -- What a release leaves behind in `meta`: the token it ended (the fence floor) and its owner,
 -- so that the same release re-sent by a retrying client reports "released", not "lost"; and
--- no grantee in c (a grant pending confirmation or held — see evict_vanished — ends with a
--- release). A `meta` created here gets its TTL; one that existed has one already (every writer
--- sets it).
-local function record_release(meta, token, owner)
-    if redis.call('HSET', meta, 'fence', token, 'last', owner, 'c', '') == 3 then
+-- the last grantee (c, see evict_vanished) forgotten: it released. Where several hold at once
+-- (`shared`: read/write lock, semaphore) only the grantee's own release forgets it. A `meta`
+-- created here gets its TTL; one that existed has one already (every writer sets it).
+local function record_release(meta, token, owner, shared)
+    if shared then
+        if redis.call('HGET', meta, 'c') == owner then
+            redis.call('HSET', meta, 'c', '')
+        end
+        if redis.call('HSET', meta, 'fence', token, 'last', owner) == 2 then
+            keep(meta, AUX_TAIL_MS)
+        end
+    elseif redis.call('HSET', meta, 'fence', token, 'last', owner, 'c', '') == 3 then
         keep(meta, AUX_TAIL_MS)
     end
 end
@@ -102,15 +109,16 @@ end
 -- (_runtime.py, process_tag).
 local PROCESS_TAG_LEN = 8
 
--- Called on a free lock: if the last grantee (meta field c, cleared by every release) never
--- released it — its claim window or its lease ran out: its process died, or was paused that
--- long — that process is taken for dead: every registration of its tag is dropped at once (a
--- killed process with k waiters in line delays the line by one claim window, not k), and
--- "x:<tag>" tells a process that was only paused to register its waiters again. Reads meta
--- (type check) in any case.
-local function evict_vanished(meta, queue, channel, sharded)
+-- If the last grantee (meta field c, cleared by every release) holds nothing any more yet never
+-- released — its claim window or its lease ran out: its process died, or was paused that long
+-- — that process is taken for dead: every registration of its tag is dropped at once (a killed
+-- process with k waiters in line delays the line by one claim window, not k), and "x:<tag>"
+-- tells a process that was only paused to register its waiters again. `holds(owner)`: whether
+-- owner holds the lock now (expired holds already dropped); nil: nobody holds it (a free lock).
+-- Reads meta (type check) in any case.
+local function evict_vanished(meta, queue, channel, sharded, holds)
     local grantee = redis.call('HGET', meta, 'c')
-    if not grantee or grantee == '' then
+    if not grantee or grantee == '' or (holds and holds(grantee)) then
         return
     end
     redis.call('HSET', meta, 'c', '')

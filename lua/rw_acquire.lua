@@ -12,6 +12,8 @@
 -- ARGV[5]  registration grace in milliseconds; ARGV[6] claim window in milliseconds
 -- ARGV[7]  channel to announce on; ARGV[8] "1" for SPUBLISH
 -- ARGV[9]  "1": prefer writers (a reader waits while a live writer is registered)
+-- A grantee that holds nothing any more yet never released gets its process's registrations
+-- dropped first, with "x:<process tag>" announced on ARGV[7] (prelude.lua, evict_vanished).
 -- ARGV[10] owner id of the caller's own write hold ("" if none): reading then is a downgrade,
 --          allowed whatever else waits
 -- returns  {1, token, 1, ttl}  ARGV[1] holds this side (taken now, handed over while it
@@ -47,6 +49,9 @@ if is_done(done, me) then
 end
 redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
 redis.call('ZSCORE', queue, me)    -- and the queue
+evict_vanished(meta, queue, ARGV[7], ARGV[8], function(owner)
+    return state.writer == owner or redis.call('HEXISTS', lock, 'r:' .. owner) == 1
+end)
 
 local free
 if side == 'w' then

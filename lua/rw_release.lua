@@ -72,7 +72,7 @@ else
     redis.call('HDEL', lock, 'r:' .. me)
     state.readers = state.readers - 1
 end
-record_release(meta, int(token), me)
+record_release(meta, int(token), me, true)
 if mode == 'abandon' then
     unregister(meta, queue, me)
     mark_done(done, me, now)

@@ -9,6 +9,9 @@
 -- ARGV[2]  lease in milliseconds; ARGV[3] mode "try" or "wait"
 -- ARGV[4]  registration grace in milliseconds; ARGV[5] claim window in milliseconds
 -- ARGV[6]  the caller's permit count, used when the semaphore has none recorded yet
+-- ARGV[7]  channel to announce on; ARGV[8] "1" for SPUBLISH
+-- A grantee that holds nothing any more yet never released gets its process's registrations
+-- dropped first, with "x:<process tag>" announced (prelude.lua, evict_vanished).
 -- returns  {1, token, 1, ttl}  ARGV[1] holds a permit (taken now, handed over while it waited,
 --                              or by an earlier run of this very call)
 --          {0, at, 0, ttl}     no permit is free; ttl: when the first held one ends at the
@@ -36,6 +39,9 @@ if not permits then
     keep(meta, lease + AUX_TAIL_MS)
 end
 redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms - 1)
+evict_vanished(meta, queue, ARGV[7], ARGV[8], function(owner)
+    return redis.call('ZSCORE', holders, owner) ~= false
+end)
 if redis.call('ZCARD', holders) < permits then
     local token = next_fence(meta, now)
     unregister(meta, queue, me)

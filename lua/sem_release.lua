@@ -37,7 +37,7 @@ if mine then
     local token = redis.call('HGET', meta, 't:' .. me)
     redis.call('HDEL', meta, 't:' .. me)
     if live then
-        record_release(meta, token or '0', me)
+        record_release(meta, token or '0', me, true)
     end
 end
 local permits = tonumber(redis.call('HGET', meta, 'permits')) or tonumber(ARGV[6])

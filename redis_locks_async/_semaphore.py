@@ -69,8 +69,9 @@ class SemaphorePolicy(Policy):
     def attempt(self, a: Attempt) -> Call:
         """``sem_acquire.lua``."""
         mode = "wait" if a.wait else "try"
-        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, self.permits)
-        return Call(SEM_ACQUIRE, self.keys.script_keys, args)
+        keys = self.keys
+        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, self.permits, keys.channel)
+        return Call(SEM_ACQUIRE, keys.script_keys, (*args, int(a.sharded)))
 
     def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:  # pragma: no cover
         """Never called: every acquisition is a permit of its own."""

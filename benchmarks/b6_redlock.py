@@ -144,7 +144,14 @@ async def _play(
     log: Log,
 ) -> tuple[list[_Row], float, float]:
     """Measure every row; returns the rows, the median PING (µs) and RedLock's node timeout."""
-    clients = [aioredis.Redis.from_url(url) for url in urls]
+    opened: list[aioredis.Redis] = []
+
+    def connect() -> list[aioredis.Redis]:
+        clients = [aioredis.Redis.from_url(url) for url in urls]
+        opened.extend(clients)
+        return clients
+
+    clients = connect()
     name = f"{prefix}b6:"
     try:
         rtt_us = await _ping_median_us(clients[0], config.pings)
@@ -173,7 +180,12 @@ async def _play(
                 if not row.done:
                     warmup = config.warmup if round_index == 0 else 0
                     await _measure(row, per_round, warmup, log)
-        stopped_lock = RedLock(clients, f"{name}redlock:stopped")
+        # With a master stopped, requests to it stay in flight (until redis-py's socket time-out)
+        # and hold their pooled connections; once the pool's 100 are taken, every request to
+        # that master fails at once. So each library gets fresh clients of its own here, each
+        # with one connection already open per master, as a running application has.
+        ours_clients = connect()
+        stopped_lock = RedLock(ours_clients, f"{name}redlock:stopped")
         ours_stopped = _Row(
             f"{OURS}/redlock:5-stopped", "RedLock, 5 masters, 1 stopped", _ours(stopped_lock)
         )
@@ -182,9 +194,10 @@ async def _play(
             pottery_stopped = _Row(
                 "pottery:5-stopped",
                 "pottery AIORedlock, 5 masters, 1 stopped",
-                _pottery(clients, f"{name}p-stopped"),
+                _pottery(connect(), f"{name}p-stopped"),
             )
             stopped.append((pottery_stopped, config.peer_stopped_cycles, 0))
+        await asyncio.gather(*(client.ping() for client in opened[len(clients) :]))
         log(
             "B6: one master SIGSTOPped; "
             + ", ".join(f"{row.label}: {cycles} cycles" for row, cycles, _ in stopped)
@@ -197,7 +210,7 @@ async def _play(
             resume()
         return rows + [row for row, _, _ in stopped], rtt_us, five.node_timeout
     finally:
-        for client in clients:
+        for client in opened:
             with contextlib.suppress(Exception):
                 await client.aclose()
 

@@ -13,7 +13,9 @@ for every process of the machine (the parent checks this before trusting cross-p
 differences). For the floor, the pub/sub hop and ours (``Lock`` and ``FairLock``, the same code
 with the class the peer key names) the client's connections also
 record when each request's write began and when each reply or message was read
-(``_metering``), so the parent can split a handoff into its hops.
+(``_metering``), so the parent can split a handoff into its hops. With ``RunSpec.cluster`` (B7)
+the URL is a cluster node and every peer's client is a ``RedisCluster``; the pub/sub hop then
+uses sharded pub/sub (``SPUBLISH``/``SSUBSCRIBE``), as our locks do on a cluster.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from urllib.parse import urlparse
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from ._common import OUR_KINDS, describe, is_ours, our_lock_class, recv
 from ._metering import Meter, metered_connection
@@ -54,6 +57,7 @@ class RunSpec:
     hold_jitter_s: float
     seed: int
     acquire_timeout_s: float
+    cluster: bool = False  # url is a cluster node: connect with a RedisCluster client (B7)
 
 
 @dataclass(slots=True)
@@ -106,8 +110,19 @@ async def _acquired(
 TRACED = frozenset({"floor", "pubsub-hop", *OUR_KINDS})
 
 
-def _connect(spec: RunSpec, meter: Meter | None) -> aioredis.Redis:
-    """The peer's client; with a ``meter``, its connections record when they write and read."""
+def _connect(spec: RunSpec, meter: Meter | None) -> aioredis.Redis | RedisCluster:
+    """The peer's client (a ``RedisCluster`` for ``spec.cluster``); with a ``meter``, its
+    connections record when they write and read."""
+    if spec.cluster:
+        cluster = RedisCluster.from_url(spec.url)
+        if meter is not None:
+            # redis-py's RedisCluster takes no connection_class: give it to the start-up node
+            # and to the settings the nodes it discovers are built with.
+            metered = metered_connection(meter)
+            cluster.connection_kwargs["connection_class"] = metered
+            for node in cluster.get_nodes():
+                node.connection_class = metered
+        return cluster
     if meter is None:
         return aioredis.Redis.from_url(spec.url)
     return aioredis.Redis.from_url(spec.url, connection_class=metered_connection(meter))
@@ -218,35 +233,91 @@ class _Floor:
         await self._client.aclose()
 
 
-class _PubSubHop:
+class _Hop:
+    """A token passed by a message to a channel the other side is subscribed to: ``hold``
+    waits for the message (worker 0 starts with the token), and passing it on is a publish."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self._mine = f"{spec.name}:ch:{spec.role}"
+        self._theirs = f"{spec.name}:ch:{1 - spec.role}"
+        self._seed = spec.role == 0
+
+    async def subscribe(self) -> None:
+        """Subscribe to this side's channel: before the other side may publish to it (a
+        message published earlier is lost), so before this worker says it is ready."""
+        await self._subscribe()
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[int | None]:
+        if self._seed:  # worker 0 starts as the holder
+            self._seed = False
+        else:
+            while not await self._message_came():
+                pass  # bounded by the parent, which stops a run that overstays its budget
+        yield None
+        await self._publish()
+
+    async def _subscribe(self) -> None:
+        raise NotImplementedError
+
+    async def _message_came(self) -> bool:
+        raise NotImplementedError
+
+    async def _publish(self) -> None:
+        raise NotImplementedError
+
+
+class _PubSubHop(_Hop):
     """A second reference: the token travels as a PUBLISH to a channel the other side reads
     with ``PubSub.get_message`` (the transport our ``Lock`` wakes waiters with)."""
 
     def __init__(self, spec: RunSpec, meter: Meter | None) -> None:
+        super().__init__(spec)
         self._client = _connect(spec, meter)
+        assert isinstance(self._client, aioredis.Redis)
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-        self._mine = f"{spec.name}:ch:{spec.role}"
-        self._theirs = f"{spec.name}:ch:{1 - spec.role}"
-        self._seed = spec.role == 0
-        self._subscribed = False
 
-    @contextlib.asynccontextmanager
-    async def hold(self) -> AsyncIterator[int | None]:
-        if not self._subscribed:
-            await self._pubsub.subscribe(self._mine)
-            self._subscribed = True
-        if self._seed:  # worker 0 starts as the holder
-            self._seed = False
-        else:
-            while True:  # bounded by the parent, which stops a run that overstays its budget
-                message = await self._pubsub.get_message(timeout=None)
-                if message is not None and message.get("type") == "message":
-                    break
-        yield None
+    async def _subscribe(self) -> None:
+        await self._pubsub.subscribe(self._mine)
+
+    async def _message_came(self) -> bool:
+        message = await self._pubsub.get_message(timeout=None)
+        return message is not None and message.get("type") == "message"
+
+    async def _publish(self) -> None:
         await self._client.publish(self._theirs, "token")
 
     async def aclose(self) -> None:
         await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        await self._client.aclose()
+
+
+class _ShardedPubSubHop(_Hop):
+    """The pub/sub hop on a cluster: ``SPUBLISH`` to a shard channel the other side reads with
+    ``ClusterPubSub.get_sharded_message`` — the transport our ``Lock`` wakes waiters with there
+    (sharded pub/sub on the node that owns the channel's slot)."""
+
+    def __init__(self, spec: RunSpec, meter: Meter | None) -> None:
+        super().__init__(spec)
+        self._client = _connect(spec, meter)
+        assert isinstance(self._client, RedisCluster)
+        self._pubsub = self._client.pubsub()
+
+    async def _subscribe(self) -> None:
+        await self._client.initialize()  # ssubscribe looks the node up without initializing
+        await self._pubsub.ssubscribe(self._mine)
+
+    async def _message_came(self) -> bool:
+        message = await self._pubsub.get_sharded_message(
+            ignore_subscribe_messages=True, timeout=60.0
+        )
+        return message is not None and message.get("type") == "smessage"
+
+    async def _publish(self) -> None:
+        await self._client.spublish(self._theirs, "token")
+
+    async def aclose(self) -> None:
+        await self._pubsub.aclose()
         await self._client.aclose()
 
 
@@ -275,7 +346,7 @@ def _async_peer(spec: RunSpec, meter: Meter | None) -> AsyncPeer:
     if spec.peer == "floor":
         return _Floor(spec, meter)
     if spec.peer == "pubsub-hop":
-        return _PubSubHop(spec, meter)
+        return _ShardedPubSubHop(spec, meter) if spec.cluster else _PubSubHop(spec, meter)
     if is_ours(spec.peer):
         return _Ours(spec, meter)
     if spec.peer == "redis-py":
@@ -343,6 +414,8 @@ async def _play_async(spec: RunSpec, conn: Connection, other: Connection) -> Run
     side = _Side(spec, conn, other)
     clock = time.monotonic_ns
     try:
+        if isinstance(peer, _Hop):
+            await peer.subscribe()
         for received in side.handoffs():
             t_call = side.calling_acquire(received)
             async with peer.hold() as token:

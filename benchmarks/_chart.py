@@ -1,6 +1,8 @@
-"""``results.png``: handoff latency (B2, x the one-hop floor), commands per handoff (B3), and
-the lock family's throughput side by side in the last row — ``ReadWriteLock`` reads with and
-without a writer (B9) and ``Semaphore(N)`` acquisitions/s against N (B10).
+"""``results.png``: handoff latency (B2, x the one-hop floor), commands per handoff (B3), the
+topologies side by side — handoff on a cluster (B7, x the floor on that cluster) and ``RedLock``
+acquire on 5 masters (B6, x ``RedLock`` on one) — and the lock family's throughput side by side
+in the last row: ``ReadWriteLock`` reads with and without a writer (B9) and ``Semaphore(N)``
+acquisitions/s against N (B10).
 
 matplotlib is optional (the ``bench`` and ``dev`` extras install it): without it no chart is
 written and :func:`write_chart` says why.
@@ -25,10 +27,10 @@ def _color(key: str) -> str:
     return _REFERENCE_COLOR if key in _REFERENCES else _PEER_COLOR
 
 
-def _handoff_bars(b2: Mapping[str, Any]) -> list[tuple[str, str, float, float]]:
-    """(key, label, median x floor, p99 x floor) of every B2 row with a ratio."""
+def _ratio_bars(result: Mapping[str, Any]) -> list[tuple[str, str, float, float]]:
+    """(key, label, median ratio, p99 ratio) of every row with both ratios (B2, B6, B7)."""
     bars = []
-    for row in b2.get("rows", []):
+    for row in result.get("rows", []):
         median, p99 = row.get("ratio_median"), row.get("ratio_p99")
         if isinstance(median, (int, float)) and isinstance(p99, (int, float)):
             bars.append((row["key"], row["label"], float(median), float(p99)))
@@ -118,6 +120,44 @@ def _draw_permits(ax: Any, points: list[tuple[int, float, float, int]]) -> None:
     ax.legend(fontsize=8, loc="upper left")
 
 
+def _draw_ratios(
+    ax: Any, bars: list[tuple[str, str, float, float]], xlabel: str, title: str
+) -> None:
+    """Horizontal bars of ratios, median solid and p99 hatched, a line at 1.0; a log scale
+    when they span more than 10 x (pollers beside event-driven locks)."""
+    labels = [label for _, label, _, _ in bars][::-1]
+    colors = [_color(key) for key, _, _, _ in bars][::-1]
+    positions = list(range(len(bars)))
+    medians = [median for _, _, median, _ in bars][::-1]
+    p99s = [p99 for _, _, _, p99 in bars][::-1]
+    ax.barh([p + 0.2 for p in positions], medians, height=0.4, color=colors, label="median")
+    ax.barh(
+        [p - 0.2 for p in positions],
+        p99s,
+        height=0.4,
+        color=colors,
+        alpha=0.45,
+        hatch="//",
+        label="p99",
+    )
+    for p, median, p99 in zip(positions, medians, p99s, strict=True):
+        ax.text(median, p + 0.2, f" {median:.2f}x", va="center", fontsize=8)
+        ax.text(p99, p - 0.2, f" {p99:.2f}x", va="center", fontsize=8)
+    ax.set_yticks(positions, labels, fontsize=8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_title(title, fontsize=10)
+    values = [v for v in medians + p99s if v > 0]
+    log_scale = bool(values) and max(values) / min(values) > 10
+    scale_note = "log scale; " if log_scale else ""
+    ax.set_xlabel(f"{xlabel} ({scale_note}median solid, p99 hatched)", fontsize=9)
+    if log_scale:
+        ax.set_xscale("log")
+        ax.set_xlim(right=max(values) * 3)
+    else:
+        ax.set_xlim(left=0, right=max(values, default=1.0) * 1.25)
+
+
 def _legend(ax: Any, solid: str, hatched: str) -> None:
     from matplotlib.patches import Patch
 
@@ -133,12 +173,14 @@ def _legend(ax: Any, solid: str, hatched: str) -> None:
 def write_chart(results: Mapping[str, Any], path: Path) -> str:
     """Draw the chart into ``path``; return ``""`` or why there is none."""
     scenarios = results.get("scenarios", {})
-    handoffs = _handoff_bars(scenarios.get("B2", {}))
+    handoffs = _ratio_bars(scenarios.get("B2", {}))
     commands = _command_bars(scenarios.get("B3", {}))
+    cluster = _ratio_bars(scenarios.get("B7", {}))
+    redlock = _ratio_bars(scenarios.get("B6", {}))
     reads = _read_bars(scenarios.get("B9", {}))
     permits = _permit_points(scenarios.get("B10", {}))
-    if not handoffs and not commands and not reads and not permits:
-        return "none of B2, B3, B9, B10 was measured in this run"
+    if not any((handoffs, commands, cluster, redlock, reads, permits)):
+        return "none of B2, B3, B6, B7, B9, B10 was measured in this run"
     try:
         import matplotlib
 
@@ -147,38 +189,23 @@ def write_chart(results: Mapping[str, Any], path: Path) -> str:
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[bench]')"
     panels = [p for p in (handoffs, commands) if p]
+    topologies = max(len(cluster), len(redlock))
     family = bool(reads or permits)
-    heights = [0.55 * len(p) + 1.6 for p in panels] + ([3.4] if family else [])
-    figure = plt.figure(figsize=(12, max(3.0, sum(heights))))
+    heights = [0.55 * len(p) + 1.6 for p in panels]
+    heights += ([0.55 * topologies + 1.6] if topologies else []) + ([3.4] if family else [])
+    height = max(3.0, sum(heights))
+    figure = plt.figure(figsize=(12, height))
     grid = figure.add_gridspec(len(heights), 2, height_ratios=heights)
     rows = iter(range(len(heights)))
     if handoffs:
         ax = figure.add_subplot(grid[next(rows), :])
-        labels = [label for _, label, _, _ in handoffs][::-1]
-        colors = [_color(key) for key, _, _, _ in handoffs][::-1]
-        positions = list(range(len(handoffs)))
-        medians = [median for _, _, median, _ in handoffs][::-1]
-        p99s = [p99 for _, _, _, p99 in handoffs][::-1]
-        ax.barh([p + 0.2 for p in positions], medians, height=0.4, color=colors, label="median")
-        ax.barh(
-            [p - 0.2 for p in positions],
-            p99s,
-            height=0.4,
-            color=colors,
-            alpha=0.45,
-            hatch="//",
-            label="p99",
+        _draw_ratios(
+            ax,
+            handoffs,
+            "handoff latency x one-hop floor",
+            "B2 — cross-process handoff to a waiting task",
         )
-        for p, median, p99 in zip(positions, medians, p99s, strict=True):
-            ax.text(median, p + 0.2, f" {median:.2f}x", va="center", fontsize=8)
-            ax.text(p99, p - 0.2, f" {p99:.2f}x", va="center", fontsize=8)
-        ax.set_yticks(positions, labels, fontsize=8)
-        ax.set_xscale("log")
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel("handoff latency x one-hop floor (log scale; median solid, p99 hatched)")
-        ax.set_title("B2 — cross-process handoff to a waiting task", fontsize=10)
         _legend(ax, "median", "p99")
-        ax.set_xlim(right=max(p99s + medians) * 3)
     if commands:
         ax = figure.add_subplot(grid[next(rows), :])
         labels = [label for _, label, _, _ in commands][::-1]
@@ -214,6 +241,22 @@ def write_chart(results: Mapping[str, Any], path: Path) -> str:
             ax.set_xlim(left=min(values) / 2, right=max(values) * 3)
         else:
             ax.set_xlim(right=max(client + server) * 1.15)
+    if topologies:
+        row = next(rows)
+        if cluster:
+            _draw_ratios(
+                figure.add_subplot(grid[row, 0]),
+                cluster,
+                "x one-hop floor, same node",
+                "B7 — handoff on a 6-node cluster",
+            )
+        if redlock:
+            _draw_ratios(
+                figure.add_subplot(grid[row, 1]),
+                redlock,
+                "acquire x RedLock, 1 master",
+                "B6 — RedLock acquire, 5 masters vs 1, one stopped",
+            )
     if family:
         row = next(rows)
         if reads:
@@ -228,7 +271,7 @@ def write_chart(results: Mapping[str, Any], path: Path) -> str:
         f"{meta.get('cpu_count', '?')} cores, {'quick' if meta.get('quick') else 'full'} run",
         fontsize=10,
     )
-    figure.tight_layout()
+    figure.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.3 / height))  # room for the suptitle
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return ""

@@ -122,18 +122,16 @@ def _b1(result: Mapping[str, Any]) -> list[str]:
     )
 
 
-def _b2(result: Mapping[str, Any]) -> list[str]:
-    target = result["target"]
+def _clock_text(result: Mapping[str, Any]) -> str:
     clock = result.get("clock_check", {})
-    config = result["config"]
-    intro = (
-        f"Two processes ping-pong one lock; latency = release started → waiter's acquire "
-        f"returned. Hold {config['hold_base_ms']:g} ms + jitter of one polling period. "
-        f"Reference: {result['reference']}. Target: {target['text']} — {_verdict(target)} "
-        f"({target.get('value_text')}). CLOCK_MONOTONIC shared across "
-        f"processes: {'yes' if clock.get('shared') else 'NO'} "
+    return (
+        f"CLOCK_MONOTONIC shared across processes: {'yes' if clock.get('shared') else 'NO'} "
         f"({clock.get('inside_bracket')}/{clock.get('exchanges')} readings inside their bracket)."
     )
+
+
+def _handoff_section(result: Mapping[str, Any], intro: str) -> list[str]:
+    """B2's and B7's table (one row per peer, ratios to the floor) and the hop split."""
     rows = []
     for row in result["rows"]:
         if "summary" not in row:
@@ -178,6 +176,91 @@ def _b2(result: Mapping[str, Any]) -> list[str]:
     return lines + _b2_hops(result)
 
 
+def _b2(result: Mapping[str, Any]) -> list[str]:
+    target = result["target"]
+    config = result["config"]
+    intro = (
+        f"Two processes ping-pong one lock; latency = release started → waiter's acquire "
+        f"returned. Hold {config['hold_base_ms']:g} ms + jitter of one polling period. "
+        f"Reference: {result['reference']}. Target: {target['text']} — {_verdict(target)} "
+        f"({target.get('value_text')}). {_clock_text(result)}"
+    )
+    return _handoff_section(result, intro)
+
+
+def _b7(result: Mapping[str, Any]) -> list[str]:
+    target = result["target"]
+    config = result["config"]
+    intro = (
+        f"B2's ping-pong on a Redis Cluster of {config['primaries']} primaries and "
+        f"{config['replicas']} replicas (formed in {config['formed_s']:g} s), a `RedisCluster` "
+        f"client in each process: every name of the run on slot {config['slot']}, primary "
+        f"{config['node']}, so the floor and the locks go through the same node. "
+        f"{config['fast_handoffs']} handoffs per peer in {config['fast_rounds']} interleaved "
+        f"rounds; hold {config['hold_base_ms']:g} ms + 2 ms jitter. Reference: "
+        f"{result['reference']}. Target: {target['text']} — {_verdict(target)} "
+        f"({target.get('value_text')}). {_clock_text(result)}"
+    )
+    return _handoff_section(result, intro)
+
+
+def _b6(result: Mapping[str, Any]) -> list[str]:
+    target = result["target"]
+    config = result["config"]
+    intro = (
+        f"One task's `acquire(); release()` cycles on {config['masters']} servers of the run's "
+        f"binary: {config['cycles']:,} per row in {_rounds(config)} (interleaved), then "
+        f"one master SIGSTOPped ({config['stopped_cycles']} cycles of ours, "
+        f"{config['peer_stopped_cycles']} of pottery's). Every cycle is bounded by "
+        f"{config['hang_after_s']:g} s (else: a hang). Reference: {result['reference']}; "
+        f"PING {_us(result['ping_median_us'])}, RedLock's node timeout "
+        f"{result['node_timeout_s'] * 1000:g} ms, so the bound with one master stopped is "
+        f"{result['stopped_bound_ms']:.1f} ms. Target: {target['text']} — {_verdict(target)} "
+        f"({target.get('value_text')})."
+    )
+    rows = []
+    for row in result["rows"]:
+        if "acquire" not in row:
+            what = f"hang (> {row['hang_after_s']:g} s)" if "hang_after_s" in row else "—"
+            problem = f"error: {row['error']}" if row.get("error") else "no cycle completed"
+            rows.append([row["label"], what, "—", "—", "—", "—", "—", problem])
+            continue
+        acquire = row["acquire"]
+        notes = [f"{row['cycles']:,} cycles"]
+        if "hang_after_s" in row:
+            notes.append(f"then a hang (> {row['hang_after_s']:g} s)")
+        if row.get("error"):
+            notes.append(f"then error: {row['error']}")
+        rows.append(
+            [
+                row["label"],
+                _ms(acquire["median_us"]),
+                _ms(acquire["p99_us"]),
+                _ms(row["release_median_us"]),
+                _x(row.get("ratio_median")),
+                _x(row.get("ratio_p99")),
+                _x(row.get("ratio_own_single")),
+                "; ".join(notes),
+            ]
+        )
+    return _section(
+        result,
+        intro,
+        [
+            "configuration",
+            "acquire median",
+            "acquire p99",
+            "release median",
+            "x RedLock 1 master (median)",
+            "x RedLock 1 master (p99)",
+            "x its own 1 master (median)",
+            "notes",
+        ],
+        rows,
+        "Acquire and release are timed separately; every ratio is of the acquire.",
+    )
+
+
 def _b2_hops(result: Mapping[str, Any]) -> list[str]:
     """Where a handoff's time goes, from both workers' client traces (medians per hop)."""
     traced = [row for row in result["rows"] if row.get("hops_median_us")]
@@ -208,10 +291,11 @@ def _b2_hops(result: Mapping[str, Any]) -> list[str]:
         "",
         "From timestamps both workers' clients take as they write a request and read a reply "
         "or message (`benchmarks/_metering.py`): **release** = t0 → the holder's request "
-        "(release script, RPUSH, PUBLISH) is written; **server** = written → the waiter's "
-        "client has read its wake-up (pub/sub message, BLPOP reply): the server's work and "
-        "both kernels' and event loops' wake-ups; **wake** = read → the waiter's acquire "
-        "returned (the library's dispatch). Medians do not add up exactly to the median total.",
+        "(release script, RPUSH, PUBLISH or SPUBLISH) is written; **server** = written → the "
+        "waiter's client has read its wake-up (pub/sub message, BLPOP reply): the server's "
+        "work and both kernels' and event loops' wake-ups; **wake** = read → the waiter's "
+        "acquire returned (the library's dispatch). Medians do not add up exactly to the median "
+        "total.",
         "",
         *_table(
             [
@@ -623,7 +707,18 @@ def _b10(result: Mapping[str, Any]) -> list[str]:
     )
 
 
-_RENDER = {"B1": _b1, "B2": _b2, "B3": _b3, "B4": _b4, "B5": _b5, "B8": _b8, "B9": _b9, "B10": _b10}
+_RENDER = {
+    "B1": _b1,
+    "B2": _b2,
+    "B3": _b3,
+    "B4": _b4,
+    "B5": _b5,
+    "B6": _b6,
+    "B7": _b7,
+    "B8": _b8,
+    "B9": _b9,
+    "B10": _b10,
+}
 
 
 def markdown(results: Mapping[str, Any], chart: str = "", no_chart: str = "") -> str:
@@ -675,6 +770,9 @@ def markdown(results: Mapping[str, Any], chart: str = "", no_chart: str = "") ->
     ]
     for key, result in results["scenarios"].items():
         render = _RENDER.get(key)
+        if "not_run" in result:
+            lines += [f"## {key}", "", f"Not run: {result['not_run']}.", ""]
+            continue
         if "rows" not in result or render is None:
             lines += [f"## {key}", "", f"Failed: {result.get('failures')}", ""]
             continue

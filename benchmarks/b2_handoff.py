@@ -19,6 +19,9 @@ random, as it would be in real use, instead of locked to the hold time; event-dr
 handoff to a waiting task: it is counted as "late" and left out. The fast peers (floor, ours,
 python-redis-lock, redis-py with a 1 ms poll) run interleaved in rounds so that slow drift of a
 noisy machine hits them alike; the slow pollers run once each.
+
+:func:`measure`, :func:`handoff_rows` and :func:`handoff_failures` are shared with B7, which
+plays the same ping-pong on a cluster.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import multiprocessing
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
@@ -217,7 +221,7 @@ class _Pair:
 
 
 @dataclass(slots=True)
-class _Tally:
+class Tally:
     plan: Plan
     latencies_ns: list[int] = field(default_factory=list)
     handoffs: int = 0
@@ -239,7 +243,7 @@ def _commandstats(client: redis.Redis) -> dict[str, Any]:
 
 def _run_once(
     pair: _Pair,
-    tally: _Tally,
+    tally: Tally,
     url: str,
     name: str,
     handoffs: int,
@@ -247,6 +251,7 @@ def _run_once(
     config: B2Config,
     seed: int,
     observer: redis.Redis,
+    cluster: bool,
 ) -> None:
     plan = tally.plan
     total = warmup + handoffs
@@ -261,6 +266,7 @@ def _run_once(
             plan.jitter_s,
             seed,
             config.acquire_timeout_s,
+            cluster,
         )
         for role in (0, 1)
     ]
@@ -323,7 +329,7 @@ def _first(trace: list[tuple[int, str]], after: int, prefix: str, until: int | N
 
 
 def _split(
-    tally: _Tally, holder: list[tuple[int, str]], waiter: list[tuple[int, str]], t0: int, t1: int
+    tally: Tally, holder: list[tuple[int, str]], waiter: list[tuple[int, str]], t0: int, t1: int
 ) -> None:
     """Split handoff ``t0 → t1`` into its hops, from both workers' client traces:
 
@@ -355,7 +361,7 @@ def _split(
         tally.hops.setdefault("reply", []).append(holder[reply][0] - t_send)
 
 
-def _row(tally: _Tally, floor: dict[str, float] | None) -> dict[str, Any]:
+def _row(tally: Tally, floor: dict[str, float] | None) -> dict[str, Any]:
     plan = tally.plan
     row: dict[str, Any] = {
         "key": plan.key,
@@ -396,14 +402,25 @@ def _row(tally: _Tally, floor: dict[str, float] | None) -> dict[str, Any]:
     return row
 
 
-def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
-    """Run B2 and return its JSON-ready result."""
-    config = QUICK if quick else FULL
-    plans = [p for p in PLANS if not p.requires or available(p.requires)]
-    skipped = {p.key: "not available" for p in PLANS if p not in plans}
-    tallies = {plan.key: _Tally(plan) for plan in plans}
-    observer = redis.Redis.from_url(url)
-    log(f"B2: starting 2 worker processes ({', '.join(p.key for p in plans)})")
+def measure(
+    url: str,
+    stem: str,
+    plans: Sequence[Plan],
+    config: B2Config,
+    observer: redis.Redis,
+    log: Log,
+    *,
+    cluster: bool = False,
+    tag: str = "B2",
+) -> tuple[dict[str, Tally], dict[str, Any]]:
+    """Play every plan's ping-pong in one pair of worker processes: the fast plans interleaved
+    in ``config.fast_rounds`` rounds, then the slow ones once each. Lock names are ``stem`` +
+    the plan's key + the round; ``observer`` is the server whose ``INFO commandstats`` counts
+    the commands; with ``cluster`` the workers use a ``RedisCluster`` client. Returns the
+    tallies by plan key and the check that CLOCK_MONOTONIC is shared between processes.
+    """
+    tallies = {plan.key: Tally(plan) for plan in plans}
+    log(f"{tag}: starting 2 worker processes ({', '.join(p.key for p in plans)})")
     pair = _Pair()
     clock: dict[str, Any] = {}
     seed = 0
@@ -411,12 +428,12 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
         clock = pair.clock_check()
         if not clock["shared"]:
             log(
-                "B2: CLOCK_MONOTONIC does not look shared between processes — "
+                f"{tag}: CLOCK_MONOTONIC does not look shared between processes — "
                 "latencies are suspect",
                 style="bold red",
             )
 
-        def attempt(tally: _Tally, handoffs: int, warmup: int, tag: str) -> None:
+        def attempt(tally: Tally, handoffs: int, warmup: int, round_tag: str) -> None:
             nonlocal pair, seed
             if tally.error:
                 return
@@ -427,21 +444,23 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
                     pair,
                     tally,
                     url,
-                    f"{prefix}b2:{tally.plan.key}:{tag}",
+                    f"{stem}{tally.plan.key}:{round_tag}",
                     handoffs,
                     warmup,
                     config,
                     seed,
                     observer,
+                    cluster,
                 )
             except WorkerError as exc:
                 tally.error = str(exc)
-                log(f"B2: {tally.plan.label}: {exc}", style="red")
+                log(f"{tag}: {tally.plan.label}: {exc}", style="red")
                 pair.close()
                 pair = _Pair()
                 return
             log(
-                f"B2: {tally.plan.label}: {handoffs} handoffs in {time.monotonic() - started:.1f} s"
+                f"{tag}: {tally.plan.label}: {handoffs} handoffs in "
+                f"{time.monotonic() - started:.1f} s"
             )
 
         fast = [tallies[p.key] for p in plans if not p.slow]
@@ -453,39 +472,32 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
         for tally in slow:
             expected = config.slow_handoffs * (config.hold_base_s + tally.plan.jitter_s * 1.5)
             log(
-                f"B2: {tally.plan.label}: {config.slow_handoffs} handoffs (about {expected:.0f} s)…"
+                f"{tag}: {tally.plan.label}: {config.slow_handoffs} handoffs "
+                f"(about {expected:.0f} s)…"
             )
             attempt(tally, config.slow_handoffs, config.warmup_slow, "slow")
     finally:
         pair.close()
-        observer.close()
+    return tallies, clock
 
-    floor_row = _row(tallies["floor"], None)
-    floor_ref = floor_row.get("summary")
+
+def handoff_rows(tallies: dict[str, Tally], log: Log, tag: str) -> list[dict[str, Any]]:
+    """One JSON-ready row per plan, with its ratios to the ``floor`` plan's median and p99."""
+    floor_ref = _row(tallies["floor"], None).get("summary")
     rows = [_row(tally, floor_ref) for tally in tallies.values()]
     for row in rows:
         if "summary" in row:
             log(
-                f"B2: {row['label']:<44} median {row['summary']['median_us'] / 1000:8.3f} ms  "
+                f"{tag}: {row['label']:<44} median {row['summary']['median_us'] / 1000:8.3f} ms  "
                 f"p99 {row['summary']['p99_us'] / 1000:8.3f} ms  "
                 f"= {row.get('ratio_median')} / {row.get('ratio_p99')} x floor"
             )
-    ours = next((r for r in rows if r["key"] == OURS), {})
-    fair = next((r for r in rows if r["key"] == FAIR), {})
+    return rows
 
-    def within(row: dict[str, Any], limit: float) -> bool:
-        median, p99 = row.get("ratio_median"), row.get("ratio_p99")
-        return median is not None and p99 is not None and median <= limit and p99 <= limit
 
-    prl = next((r for r in rows if r["key"] == "python-redis-lock" and "summary" in r), None)
-    vs_prl = (
-        ratio(ours["summary"]["median_us"], prl["summary"]["median_us"])
-        if prl is not None and "summary" in ours
-        else None
-    )
-    faster = vs_prl is not None and vs_prl < 1.0
-    lock_met = within(ours, TARGET) and faster
-    fair_met = within(fair, FAIR_TARGET)
+def handoff_failures(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What fails the run: no floor, an error of ours, a handoff of ours acquired before the
+    release began, fencing tokens of ours that did not increase."""
     fatal = [
         r["label"] + ": " + str(r.get("error"))
         for r in rows
@@ -501,6 +513,38 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
         for r in rows
         if is_ours(r["key"]) and r.get("fencing_tokens_increase") is False
     ]
+    return fatal
+
+
+def within(row: dict[str, Any], limit: float) -> bool:
+    """Both the row's median and p99 ratios are at most ``limit``."""
+    median, p99 = row.get("ratio_median"), row.get("ratio_p99")
+    return median is not None and p99 is not None and median <= limit and p99 <= limit
+
+
+def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
+    """Run B2 and return its JSON-ready result."""
+    config = QUICK if quick else FULL
+    plans = [p for p in PLANS if not p.requires or available(p.requires)]
+    skipped = {p.key: "not available" for p in PLANS if p not in plans}
+    observer = redis.Redis.from_url(url)
+    try:
+        tallies, clock = measure(url, f"{prefix}b2:", plans, config, observer, log)
+    finally:
+        observer.close()
+    rows = handoff_rows(tallies, log, "B2")
+    ours = next((r for r in rows if r["key"] == OURS), {})
+    fair = next((r for r in rows if r["key"] == FAIR), {})
+    prl = next((r for r in rows if r["key"] == "python-redis-lock" and "summary" in r), None)
+    vs_prl = (
+        ratio(ours["summary"]["median_us"], prl["summary"]["median_us"])
+        if prl is not None and "summary" in ours
+        else None
+    )
+    faster = vs_prl is not None and vs_prl < 1.0
+    lock_met = within(ours, TARGET) and faster
+    fair_met = within(fair, FAIR_TARGET)
+    fatal = handoff_failures(rows)
     return {
         "scenario": "B2",
         "title": "Cross-process handoff to a waiting task",

@@ -34,6 +34,8 @@ from . import (
     b3_commands,
     b4_idle,
     b5_renewal,
+    b6_redlock,
+    b7_cluster,
     b8_throughput,
     b9_rwlock,
     b10_semaphore,
@@ -51,10 +53,15 @@ SCENARIOS: dict[str, Runner] = {
     "B3": b3_commands.run,
     "B4": b4_idle.run,
     "B5": b5_renewal.run,
+    "B6": b6_redlock.run,
+    "B7": b7_cluster.run,
     "B8": b8_throughput.run,
     "B9": b9_rwlock.run,
     "B10": b10_semaphore.run,
 }
+# These start servers of their own from the run's binary (5 masters; a 6-node cluster), so their
+# runners take the binary where the others take the URL of the run's server.
+OWN_SERVERS = frozenset({"B6", "B7"})
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -63,8 +70,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks",
         description="redis-locks-async against its peers (SPEC §5): B1 uncontended cycle vs "
         "two bare EVALSHA, B2 cross-process handoff vs the one-hop floor, B3 commands per "
-        "handoff (Lock and FairLock), B4 idle cost, B5 10,000 renewed locks, B8 throughput, "
-        "B9 ReadWriteLock reads with one writer, B10 Semaphore(N) throughput vs N.",
+        "handoff (Lock and FairLock), B4 idle cost, B5 10,000 renewed locks, B6 RedLock on 5 "
+        "masters vs 1, B7 handoff on a 6-node cluster vs its floor, B8 throughput, B9 "
+        "ReadWriteLock reads with one writer, B10 Semaphore(N) throughput vs N.",
     )
     parser.add_argument(
         "--quick",
@@ -174,13 +182,25 @@ def _cleanup(url: str, prefix: str) -> None:
 
 
 def _run_all(
-    url: str, prefix: str, selected: Sequence[str], quick: bool, log: Log, results: dict[str, Any]
+    url: str,
+    binary: Path | None,
+    prefix: str,
+    selected: Sequence[str],
+    quick: bool,
+    log: Log,
+    results: dict[str, Any],
 ) -> list[str]:
     failures: list[str] = []
     for key in selected:
         log(f"== {key} ==", style="bold")
+        if key in OWN_SERVERS and binary is None:
+            reason = "it starts servers of its own, and --url names a running one"
+            log(f"{key} not run: {reason}", style="yellow")
+            results["scenarios"][key] = {"scenario": key, "not_run": reason}
+            continue
         try:
-            result = SCENARIOS[key](url, prefix, quick=quick, log=log)
+            where = binary if key in OWN_SERVERS else url
+            result = SCENARIOS[key](where, prefix, quick=quick, log=log)
         except Exception as exc:
             log(f"{key} crashed: {exc!r}", style="bold red")
             log(traceback.format_exc())
@@ -232,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{'quick' if args.quick else 'full'} run of {', '.join(selected)}"
         )
         try:
-            failures = _run_all(url, prefix, selected, args.quick, log, results)
+            failures = _run_all(url, binary, prefix, selected, args.quick, log, results)
         finally:
             _cleanup(url, prefix)
     except ServerError as exc:

@@ -12,6 +12,10 @@ Every started process is registered and killed at interpreter exit, so a failing
 that forgets to stop what it started) never leaves servers behind; the fixtures in ``conftest.py``
 also stop their servers in finalizers.
 
+:func:`running_cluster` forms a Redis Cluster of such processes (primaries covering every slot,
+optionally with replicas) without ``redis-cli``; the cluster tests and the cluster benchmark (B7)
+both use it.
+
 Run ``python -m tests.servers --list`` to print every usable binary, one per line (the bundled
 Valkey first, then the system ``redis-server``); ``make test`` runs the suite once per line.
 """
@@ -33,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -51,6 +55,7 @@ __all__ = (
     "binary_info",
     "bundled_valkey_binary",
     "free_port",
+    "running_cluster",
     "running_server",
     "running_servers",
     "server_binaries",
@@ -587,14 +592,18 @@ def _ping(host: str, port: int, tls: ssl.SSLContext | None = None) -> bytes:
     return _command(host, port, "PING", timeout=0.5, tls=tls)
 
 
-def _info_server(host: str, port: int, tls: ssl.SSLContext | None = None) -> dict[str, str]:
-    raw = _command(host, port, "INFO", "server", tls=tls).decode(errors="replace")
+def _fields(raw: str) -> dict[str, str]:
+    """The ``key:value`` lines of an ``INFO`` or ``CLUSTER INFO`` reply."""
     fields: dict[str, str] = {}
     for line in raw.splitlines():
         key, sep, value = line.partition(":")
         if sep and not key.startswith("#"):
             fields[key.strip()] = value.strip()
     return fields
+
+
+def _info_server(host: str, port: int, tls: ssl.SSLContext | None = None) -> dict[str, str]:
+    return _fields(_command(host, port, "INFO", "server", tls=tls).decode(errors="replace"))
 
 
 class ServerFactory(Protocol):
@@ -632,6 +641,105 @@ def running_servers(binary: Path | str | None, count: int) -> Iterator[list[Serv
     finally:
         for server in servers:
             server.cleanup()
+
+
+# --------------------------------------------------------------------------------------------
+# Redis Cluster
+# --------------------------------------------------------------------------------------------
+
+CLUSTER_SLOTS: Final = 16384
+
+
+def _admin(node: ServerProcess, *args: str) -> str:
+    """One administrative command to ``node``; its reply as text (an error reply raises)."""
+    reply = _command(node.host, node.port, *args, timeout=5.0).decode(errors="replace")
+    if reply.startswith("-"):
+        raise ServerStartError(f"{' '.join(args)} on {node.url}: {reply[1:]}")
+    return reply
+
+
+def _wait_until(check: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise ServerStartError(f"cluster set-up: {what} did not happen within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def _form_cluster(nodes: Sequence[ServerProcess], bus_ports: Sequence[int], primaries: int) -> None:
+    """Split the slots evenly over the first ``primaries`` nodes (``CLUSTER ADDSLOTSRANGE``),
+    join every node (``CLUSTER MEET`` with its bus port), make the others replicas, round-robin
+    (``CLUSTER REPLICATE``), and wait until every node reports ``cluster_state:ok``, knows
+    every node and every replica as one, and every replica has synced."""
+    share = CLUSTER_SLOTS // primaries
+    for index, primary in enumerate(nodes[:primaries]):
+        first = index * share
+        last = CLUSTER_SLOTS - 1 if index == primaries - 1 else first + share - 1
+        _admin(primary, "CLUSTER", "ADDSLOTSRANGE", str(first), str(last))
+    for node, bus_port in zip(nodes[1:], bus_ports[1:], strict=True):
+        _admin(nodes[0], "CLUSTER", "MEET", node.host, str(node.port), str(bus_port))
+
+    def cluster_info(node: ServerProcess) -> dict[str, str]:
+        return _fields(_admin(node, "CLUSTER", "INFO"))
+
+    known = str(len(nodes))
+    _wait_until(
+        lambda: all(cluster_info(node)["cluster_known_nodes"] == known for node in nodes),
+        f"every node knowing all {known} nodes",
+        20.0,
+    )
+    replicas = nodes[primaries:]
+    for index, replica in enumerate(replicas):
+        primary_id = _admin(nodes[index % primaries], "CLUSTER", "MYID")
+        _admin(replica, "CLUSTER", "REPLICATE", primary_id)
+
+    def replicas_seen(node: ServerProcess) -> int:
+        lines = _admin(node, "CLUSTER", "NODES").splitlines()
+        flags = [line.split()[2].split(",") for line in lines if line.strip()]
+        return sum(1 for flag in flags if "slave" in flag or "replica" in flag)
+
+    def formed() -> bool:
+        if any(cluster_info(node)["cluster_state"] != "ok" for node in nodes):
+            return False
+        if any(replicas_seen(node) != len(replicas) for node in nodes):
+            return False
+        return all(
+            _fields(_admin(replica, "INFO", "replication")).get("master_link_status") == "up"
+            for replica in replicas
+        )
+
+    _wait_until(formed, "cluster_state:ok, every replica known to every node and in sync", 30.0)
+
+
+@contextlib.contextmanager
+def running_cluster(
+    binary: Path | str | None, *, primaries: int = 3, replicas_per_primary: int = 0
+) -> Iterator[list[ServerProcess]]:
+    """A formed Redis Cluster of ``--cluster-enabled`` servers on loopback ports: ``primaries``
+    primaries covering all 16,384 slots, each with ``replicas_per_primary`` replicas. Yields
+    the nodes, primaries first (in the order of their slot ranges); all cleaned up.
+
+    Each node's cluster bus gets a free port of its own (the default, port + 10000, may be taken
+    or beyond 65535); node timeout 2 s; replicas sync without the diskless-sync delay.
+    """
+    bus_ports = [free_port() for _ in range(primaries * (1 + replicas_per_primary))]
+    nodes = []
+    for bus_port in bus_ports:
+        args = [
+            "--cluster-enabled", "yes",
+            "--cluster-node-timeout", "2000",
+            "--cluster-port", str(bus_port),
+            "--repl-diskless-sync-delay", "0",
+        ]  # fmt: skip
+        nodes.append(ServerProcess(binary, extra_args=args))
+    try:
+        for node in nodes:
+            node.start()
+        _form_cluster(nodes, bus_ports, primaries)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.cleanup()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Redis Cluster: every primitive on a real 3-primary cluster (`RedisCluster` client).
 
 The cluster is three ``--cluster-enabled`` servers of the run's binary on loopback ports, slots
-split with ``CLUSTER ADDSLOTSRANGE`` and joined with ``CLUSTER MEET`` (no ``redis-cli`` needed).
+split with ``CLUSTER ADDSLOTSRANGE`` and joined with ``CLUSTER MEET`` (no ``redis-cli`` needed;
+``tests.servers.running_cluster``).
 Names are chosen so that every primary serves some lock: scripts must touch one slot per lock,
 announcements travel by sharded pub/sub from the lock's own node, and the lease keeper renews
 through one pipeline per node.
@@ -15,77 +16,20 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from redis.asyncio.cluster import RedisCluster
 
 from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
 from tests import _introspect
-from tests.servers import ServerProcess, free_port
+from tests.servers import ServerProcess, running_cluster
 
 pytestmark = pytest.mark.timeout(90)
-
-_SLOTS = 16384
-
-
-def _wait_until(check: object, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"cluster set-up: {what} did not happen within {timeout} s")
 
 
 @pytest.fixture(scope="module")
 def cluster_nodes(server_binary: Path) -> Iterator[list[ServerProcess]]:
     """Three primaries covering every slot (module-wide: a cluster takes a second to form)."""
-    bus_ports = [free_port() for _ in range(3)]
-    nodes = [
-        ServerProcess(
-            server_binary,
-            extra_args=[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-node-timeout",
-                "2000",
-                "--cluster-port",  # the bus port (default: port + 10000, maybe taken or > 65535)
-                str(bus_port),
-            ],
-        )
-        for bus_port in bus_ports
-    ]
-    try:
-        for node in nodes:
-            node.start()
-        admins = [redis.Redis(host=node.host, port=node.port) for node in nodes]
-        share = _SLOTS // len(nodes)
-        for index, admin in enumerate(admins):
-            first = index * share
-            last = _SLOTS - 1 if index == len(nodes) - 1 else first + share - 1
-            admin.execute_command(  # type: ignore[no-untyped-call]
-                "CLUSTER", "ADDSLOTSRANGE", first, last
-            )
-        for node, bus_port in zip(nodes[1:], bus_ports[1:], strict=True):
-            meet = ("CLUSTER", "MEET", node.host, node.port, bus_port)
-            admins[0].execute_command(*meet)  # type: ignore[no-untyped-call]
-
-        def formed() -> bool:
-            for admin in admins:
-                info = admin.execute_command(  # type: ignore[no-untyped-call]
-                    "CLUSTER", "INFO"
-                )
-                text = info.decode() if isinstance(info, bytes) else str(info)
-                if "cluster_state:ok" not in text or "cluster_known_nodes:3" not in text:
-                    return False
-            return True
-
-        _wait_until(formed, "cluster_state:ok on every node")
-        for admin in admins:
-            admin.close()
+    with running_cluster(server_binary, primaries=3) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.cleanup()
 
 
 @pytest.fixture

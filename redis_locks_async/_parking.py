@@ -219,10 +219,17 @@ class ParkingLot:
 
     def pass_watch(self, waiter: Waiter, until: float | None) -> None:
         """``waiter``, first in line, is leaving: the next one takes over its watch and
-        re-checks at ``until`` (see ``Policy.one_watcher``)."""
-        if until is None or len(self.queue) < 2 or self.queue[0] is not waiter:
+        re-checks at ``until`` (see ``Policy.one_watcher``). ``None``: the leaving waiter never
+        heard back from the server (cancelled, or timed out, before its first reply), so it
+        has nothing to pass on — the next one watches from what its own reply said (or, with
+        no reply yet either, takes the watch up when that reply comes: it is first by then)."""
+        if len(self.queue) < 2 or self.queue[0] is not waiter:
             return
         successor = self.queue[1]
+        if until is None:
+            until = successor.watch
+            if until is None:
+                return
         successor.bound = until
         successor.notify(News.LATER)
 

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis_locks_async import FairLock, Lease, Lock
 from redis_locks_async._fair import FAIR_ACQUIRE
 from tests import _introspect as introspect
-from tests.test_lock_faults import HoldingTask
+from tests.test_lock_faults import HoldingTask, until
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -202,3 +202,47 @@ class TestWaitingCost:
                 assert task.acquired.result() is not None
                 await task.end()
                 pending.remove(task)
+
+
+class TestWatchHandOver:
+    async def test_a_first_waiter_leaving_before_its_first_reply_passes_the_watch_on(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (FairLock one-watcher: a waiter stranded while the lock is free): the
+        first waiter of a process left the line before its first reply — cancelled, timed out
+        — with no watch to pass on, so the next one, registered as a mere follower (its
+        re-check due only at its registration's refresh: its own lease + 2 s), slept on after
+        the holder's lease ended unannounced, while the lock was free.
+
+        Here the holder (another client, not renewing) holds for 4 s; the follower's lease is
+        60 s. It must get the lock soon after the holder's lease ends, not ~a minute later."""
+        holder = HoldingTask(FairLock(connect(), name, lease=4.0, auto_renew=False))
+        assert await holder.wait_acquired() is not None
+        # The proxied client subscribes the lock's channel; it lingers after this waiter left.
+        assert not await FairLock(proxied, name).acquire(timeout=0.2)
+        await asyncio.gather(*(proxied.ping() for _ in range(4)))  # connections ready in the pool
+        fault_proxy.hold_replies()
+        # `follower` makes the one uncontended attempt (its reply held), so `first`, arriving
+        # meanwhile, is the first in the parking lot; `follower` queues behind it.
+        follower = HoldingTask(FairLock(proxied, name, lease=60.0), timeout=30)
+        await fault_proxy.wait_held()
+        await asyncio.sleep(0.05)  # the proxy waits to deliver it (so a release delivers it)
+        first = HoldingTask(FairLock(proxied, name, lease=7.777))
+        await until(lambda: introspect.local_waiters(proxied) == 1, what="first in the lot")
+        fault_proxy.release_replies()  # the follower's "try" answer, and only that:
+        fault_proxy.hold_replies()  # both registering attempts' replies are held
+        await introspect.until_registered(client, name, 2)
+        assert fault_proxy.blackhole_where(b"$4\r\n7777\r\n") == 1  # `first` never hears back
+        fault_proxy.release_replies()
+        await until(lambda: fault_proxy.stats.bytes_pending_down == 0, what="replies delivered")
+        await asyncio.sleep(0.1)  # the follower has read its reply: it follows `first`
+        await first.cancel()
+        # The holder's lease ends in ~4 s, unannounced; the follower is the one left to watch.
+        assert await follower.wait_acquired(within=15) is not None
+        await follower.end()
+        await holder.cancel()

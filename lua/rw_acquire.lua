@@ -20,6 +20,10 @@
 --                              waited, or by an earlier run of this very call)
 --          {0, at, 0, ttl}     it cannot be taken now; ttl: when the current holds end at
 --                              the latest (-1: unknown); at: as in lock_acquire.lua
+--                              (also when nothing is held but a reader must let a registered
+--                              writer go first: the front of the line is then handed the lock
+--                              now — "g:..." announced, see prelude.lua, rw_admit — and ttl is
+--                              its claim window)
 --          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
 --          {-2, 1, 0, 0}       KEYS[1] is a hash of another kind of lock; nothing changed
 -- A key of another type fails the script with WRONGTYPE before anything is written.
@@ -72,6 +76,19 @@ if free then
     keep(meta, AUX_TAIL_MS)
     keep(lock, lease)
     return {1, token, 1, lease}
+end
+
+if not state.writer and state.readers == 0 then
+    -- Nothing is held, yet a reader may not enter: a writer is registered (writer preference).
+    -- No release will come to hand the lock over, so do it here, as a release would have: a
+    -- writer that died while registered then delays the line by one claim window, not by
+    -- what is left of its registration (its own lease and more).
+    rw_admit(lock, meta, queue, ARGV[7], ARGV[8], now, state)
+    local mine = redis.call('HGET', lock, 'r:' .. me)
+    if mine then  -- the caller was at the front of the line, let in with the readers there
+        local expiry, token = string.match(mine, '^(%d+):(%d+)')
+        return {1, tonumber(token), 1, tonumber(expiry) - now_ms}
+    end
 end
 
 local ttl = redis.call('PTTL', lock)

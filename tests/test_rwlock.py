@@ -4,6 +4,7 @@ preference, independent reader leases — against a real server."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import TYPE_CHECKING
 
 import pytest
@@ -11,9 +12,12 @@ import redis.asyncio as aioredis
 
 from redis_locks_async import LockError, ReadWriteLock
 from tests import _introspect as introspect
+from tests._workers import readline, worker_process
+from tests.test_lock_faults import HoldingTask
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
+    from tests.servers import ServerProcess
 
 
 class TestReadWriteLock:
@@ -132,3 +136,40 @@ class TestReadWriteLock:
         async with rw.read, rw.read:
             assert await rw.write.locked()
         assert not await client.exists(name)
+
+
+class TestDeadWriterRegistration:
+    async def test_a_reader_behind_a_dead_writer_gets_in_when_nothing_is_held(
+        self, server: ServerProcess, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (a reader stranded for ~two leases while nothing was held): a process
+        holding the read side (1 s lease) and one waiting for the write side are SIGKILLed.
+        The live reader waiting behind the dead writer (writer preference) re-checked when the
+        read lease ended, found nothing held but the writer registered — and slept for its own
+        whole lease (the lock's TTL was gone: -2), again and again until the dead writer's
+        registration ran out (its own lease + claim_timeout + 2 s: ~62 s with default leases,
+        longer with a longer writer lease). Now an attempt that finds nothing held but a
+        writer registered ahead hands the lock to the front of the line, as a release would
+        have: the dead writer costs one claim window."""
+        workers = []
+        try:
+            for lease, kind, mode in (("1", "rw-read", "hold"), ("30", "rw-write", "wait")):
+                args = ("--lease", lease, "--kind", kind, mode)
+                proc = await worker_process(server.url, name, *args)
+                workers.append(proc)
+                assert (await readline(proc)).split()[0] in ("held", "waiting")
+            await introspect.until_registered(client, name, 1, "rw")  # the writer
+            reader = HoldingTask(ReadWriteLock(client, name).read, timeout=30)
+            await introspect.until_registered(client, name, 2, "rw")
+            for proc in workers:
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+            # the dead reader's lease ends within 1 s; the dead writer is handed the lock
+            # for its claim window (2 s), then the live reader gets in
+            assert await reader.wait_acquired(within=10) is not None
+            await reader.end()
+        finally:
+            for proc in workers:
+                if proc.returncode is None:
+                    proc.kill()
+                await asyncio.wait_for(proc.communicate(), 10)

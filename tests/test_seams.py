@@ -86,9 +86,9 @@ _RELEASE: Final = Script(
         end
         local entry = redis.call('HGET', meta, 'w:' .. head)
         unregister(meta, queue, head)
-        local deadline, lease, claim = string.match(entry or '', '^(%d+):(%d+):(%d+)$')
-        if deadline and tonumber(deadline) >= now_ms then
-            local ttl = math.min(tonumber(lease), tonumber(claim))
+        local deadline, lease, claim = parse_registration(entry)
+        if deadline and deadline >= now_ms then
+            local ttl = math.min(lease, claim)
             local token = next_fence(meta, now)
             redis.call('ZADD', holders, now_ms + ttl, head)
             redis.call('HSET', meta, 'fence', int(token), 't:' .. head, int(token))
@@ -166,6 +166,12 @@ async def holders(client: aioredis.Redis, name: str) -> int:
 
 class TestPermitPolicySkeleton:
     async def test_two_holders_then_a_grant(self, client: aioredis.Redis, name: str) -> None:
+        """Two permits held; a third waiter is handed one by a release (a grant it reads and
+        takes as its hold, no round trip).
+
+        Regression (the skeleton's release read registrations without their role suffix
+        (``parse_registration``), so it dropped every one as dead: no grant was ever made, and
+        the third waiter got in only by re-checking after "f:1")."""
         permits = Permits(client, name)
         entered: list[asyncio.Event] = [asyncio.Event() for _ in range(3)]
         leave: list[asyncio.Event] = [asyncio.Event() for _ in range(3)]
@@ -183,6 +189,7 @@ class TestPermitPolicySkeleton:
         assert not entered[2].is_set(), "a third holder got in while both permits were taken"
         leave[0].set()
         await asyncio.wait_for(entered[2].wait(), 2)  # handed over by the release
+        assert permits.statistics().handovers == 1  # the grant was read and taken as a hold
         assert await holders(client, name) == 2
         for event in leave:
             event.set()

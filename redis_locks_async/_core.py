@@ -184,8 +184,8 @@ class Policy(ABC):
     active_waiters: ClassVar[int] = 1
     # True when an attempt that finds the lock free hands it to the first live registration
     # (FairLock): then one waiter per process re-checking when the holds ahead may end
-    # unannounced is enough — the first in the parking lot; the others only keep their
-    # registrations alive (and the next one takes over the watch when the first leaves).
+    # unannounced is enough — the first such waiter in the parking lot; the others only keep
+    # their registrations alive (and the next one takes over the watch when the first leaves).
     one_watcher: ClassVar[bool] = False
     reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
 
@@ -1106,9 +1106,9 @@ class LockBase:
         channel = self._policy.keys.channel
         hub = runtime.hub(channel)
         lot = hub.lot(channel, self._policy.active_waiters)
-        waiter = Waiter(loop, owner)
-        lot.join(waiter)
         one_watcher = self._policy.one_watcher
+        waiter = Waiter(loop, owner, watches=one_watcher)
+        lot.join(waiter)
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False
         # (loop time sent, server time µs) of the last attempt that registered this owner: any
@@ -1174,7 +1174,7 @@ class LockBase:
                 # Re-check when the holds ahead may end unannounced (a dead holder, a grantee
                 # that never confirms) — unless another local waiter watches for that.
                 recheck_at = waiter.watch = sent_at + ttl
-                if one_watcher and lot.queue[0] is not waiter:
+                if one_watcher and lot.watcher() is not waiter:
                     recheck_at = refresh_at
                 while True:
                     news = (

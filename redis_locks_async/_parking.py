@@ -126,11 +126,26 @@ class News(enum.Enum):
 class Waiter:
     """One task of this process waiting for one lock."""
 
-    __slots__ = ("_loop", "_news", "_signal", "bound", "grant", "owner", "turn", "watch")
+    __slots__ = (
+        "_loop",
+        "_news",
+        "_signal",
+        "bound",
+        "grant",
+        "owner",
+        "turn",
+        "watch",
+        "watches",
+    )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, owner: str) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, owner: str, *, watches: bool = False
+    ) -> None:
         self._loop = loop
         self.owner = owner
+        # One of the waiters of whom only the first watches the holds ahead for all (see
+        # ParkingLot.watcher; ``Policy.one_watcher``); the others of the lot watch for themselves.
+        self.watches = watches
         self.turn: asyncio.Future[None] = loop.create_future()
         self.grant: Granted | None = None
         self.bound = 0.0  # with News.LATER: the lock cannot be free before this loop time
@@ -217,15 +232,25 @@ class ParkingLot:
             if not promoted.turn.done():
                 promoted.turn.set_result(None)
 
+    def watcher(self) -> Waiter | None:
+        """The first of the waiters that share one watch (:attr:`Waiter.watches`): the one
+        that re-checks when the holds ahead may end unannounced, for all of them. (Any other
+        waiter in the lot — a ``Lock``'s, of the same name — is not counted on to.)"""
+        return next((waiter for waiter in self.queue if waiter.watches), None)
+
     def pass_watch(self, waiter: Waiter, until: float | None) -> None:
-        """``waiter``, first in line, is leaving: the next one takes over its watch and
-        re-checks at ``until`` (see ``Policy.one_watcher``). ``None``: the leaving waiter never
-        heard back from the server (cancelled, or timed out, before its first reply), so it
-        has nothing to pass on — the next one watches from what its own reply said (or, with
-        no reply yet either, takes the watch up when that reply comes: it is first by then)."""
-        if len(self.queue) < 2 or self.queue[0] is not waiter:
+        """``waiter``, the :meth:`watcher`, is leaving: the next waiter that shares the watch
+        takes it over and re-checks at ``until`` (see ``Policy.one_watcher``). ``None``: the
+        leaving waiter never heard back from the server (cancelled, or timed out, before its
+        first reply), so it has nothing to pass on — the next one watches from what its own
+        reply said (or, with no reply yet either, takes the watch up when that reply comes: it
+        is the watcher by then)."""
+        sharing = (other for other in self.queue if other.watches)
+        if next(sharing, None) is not waiter:
             return
-        successor = self.queue[1]
+        successor = next(sharing, None)
+        if successor is None:
+            return
         if until is None:
             until = successor.watch
             if until is None:

@@ -246,3 +246,30 @@ class TestWatchHandOver:
         assert await follower.wait_acquired(within=15) is not None
         await follower.end()
         await holder.cancel()
+
+    async def test_a_lock_waiter_between_fair_waiters_does_not_leave_them_unwatched(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (FairLock one-watcher with a ``Lock`` of the same name: a waiter stranded
+        while the lock is free): in one process, a ``Lock`` waiter queued between two
+        ``FairLock`` waiters. The second fair waiter left the watching to the first; when the
+        first left, it passed the watch to the ``Lock`` waiter (which passes nothing on), and
+        when that one gave up too, nobody watched: the holder's lease ended unannounced and the
+        second fair waiter slept on until its registration's refresh (its own lease + 2 s).
+        The watch goes to the next *fair* waiter."""
+        holder = HoldingTask(FairLock(connect(), name, lease=4.0, auto_renew=False))
+        assert await holder.wait_acquired() is not None
+        conn = connect()
+        first = HoldingTask(FairLock(conn, name))
+        await introspect.until_registered(client, name, 1)
+        plain = HoldingTask(Lock(conn, name))
+        await introspect.until_registered(client, name, 2)
+        follower = HoldingTask(FairLock(conn, name, lease=60.0), timeout=30)
+        await introspect.until_registered(client, name, 3)
+        await asyncio.sleep(0.1)  # the follower has read its reply: it follows `first`
+        await first.cancel()
+        await plain.cancel()
+        # The holder's lease ends in ~4 s, unannounced; the follower is the one left to watch.
+        assert await follower.wait_acquired(within=15) is not None
+        await follower.end()
+        await holder.cancel()

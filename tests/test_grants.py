@@ -107,7 +107,7 @@ class TestDeliver:
         an announcement for one waiter (a grant to someone else, "f:1") touches the first."""
         loop = asyncio.get_running_loop()
         lot = ParkingLot(1 << 30)
-        waiters = [Waiter(loop, f"w{i}", watches=True) for i in range(3)]
+        waiters = [Waiter(loop, f"w{i}") for i in range(3)]
         for waiter in waiters:
             lot.join(waiter)
         lot.queue = _Unindexable(lot.queue)

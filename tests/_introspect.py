@@ -101,11 +101,19 @@ def lease_owner_id(lease: Lease) -> str:
 
 
 def live_owner_ids(client: Client) -> set[str]:
-    """Owner ids a live local task stands behind: held (not lost) leases and waiting tasks."""
+    """Owner ids a live local task stands behind: held (not lost) leases — a task's earlier
+    ``Semaphore`` permits too, which wait underneath its newest (``Hold.outer``) — and waiting
+    tasks."""
     state = _state(client)
     if state is None:
         return set()
-    ids = {hold.owner for hold in state.holds.values() if hold.live}
+    ids: set[str] = set()
+    for top in state.holds.values():
+        hold: Hold | None = top
+        while hold is not None:
+            if hold.live:
+                ids.add(hold.owner)
+            hold = hold.outer
     for hub in state.hubs():
         for lot in hub.lots():
             ids |= set(lot.by_owner)

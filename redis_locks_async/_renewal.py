@@ -199,8 +199,10 @@ class LeaseKeeper:
                 hold.renewed(sent_at)
         elif hold.state is HoldState.RELEASING:
             # The task's release ran first (a hand-over's confirmation or a renewal in flight
-            # as it released): not a loss — the release's own answer settles the hold.
-            pass
+            # as it released): not a loss — the release's own answer settles the hold. Nothing
+            # is left to renew: kept, the hold would stay due and be renewed again at once,
+            # round trip after round trip, until that answer came (a retry's back-off away).
+            self._holds.discard(hold)
         else:
             self._lose(hold, "renewal found the lock expired or held by another owner")
         return False

@@ -11,6 +11,7 @@ library's state for that client *on the running event loop*.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,11 +116,19 @@ def lease_owner_id(lease: Lease) -> str:
 
 
 def live_owner_ids(client: Client) -> set[str]:
-    """Owner ids a live local task stands behind: held (not lost) leases and waiting tasks."""
+    """Owner ids a live local task stands behind: held (not lost) leases — a task's earlier
+    ``Semaphore`` permits too, which wait underneath its newest (``Hold.outer``) — and waiting
+    tasks."""
     state = _state(client)
     if state is None:
         return set()
-    ids = {hold.owner for hold in state.holds.values() if hold.live}
+    ids: set[str] = set()
+    for top in state.holds.values():
+        hold: Hold | None = top
+        while hold is not None:
+            if hold.live:
+                ids.add(hold.owner)
+            hold = hold.outer
     for hub in state.hubs():
         for lot in hub.lots():
             ids |= set(lot.by_owner)
@@ -260,15 +269,18 @@ def redlock_client(lock: Any) -> Any:
 
 async def _quorum_view(
     inspectors: Sequence[aioredis.Redis], name: str
-) -> tuple[int, dict[str, list[tuple[int, int]]]]:
-    """The quorum, and per owner id the (PTTL, hold count) of each master whose ``name`` has
-    one of that owner's round values (``<owner id>:<round>``)."""
-    found: dict[str, list[tuple[int, int]]] = {}
+) -> tuple[int, dict[str, list[tuple[int, frozenset[str]]]]]:
+    """The quorum, and per owner id the (PTTL, re-entries) of each master whose ``name`` has
+    one of that owner's round values (``<owner id>:<round>``); re-entries are the hash's
+    ``e:<id>`` fields."""
+    found: dict[str, list[tuple[int, frozenset[str]]]] = {}
     for inspector in inspectors:
         value = await owner_in_redis(inspector, name)
         if value is not None:
-            ttl, count = int(await inspector.pttl(name)), await server_hold_count(inspector, name)
-            found.setdefault(value.rsplit(":", 1)[0], []).append((ttl, count))
+            ttl = int(await inspector.pttl(name))
+            fields = {_text(field) for field in await inspector.hkeys(name)}
+            entries = frozenset(field for field in fields if field.startswith("e:"))
+            found.setdefault(value.rsplit(":", 1)[0], []).append((ttl, entries))
     return len(inspectors) // 2 + 1, found
 
 
@@ -284,12 +296,20 @@ async def quorum_holders(inspectors: Sequence[aioredis.Redis], name: str) -> dic
 
 
 async def quorum_hold_count(inspectors: Sequence[aioredis.Redis], name: str) -> int:
-    """The hold count a quorum of the masters has at least for the ``RedLock`` ``name``'s
-    quorum holder (0 when no owner holds a quorum)."""
+    """The hold count of the ``RedLock`` ``name``'s quorum holder as a quorum of the masters
+    has it: 1 + the re-entries present on a quorum of them (0 when no owner holds a quorum).
+
+    Not the count a quorum has at least: a re-entry or an inner release counts once a quorum
+    confirmed it, so two of them confirmed by different quorums leave the masters' counts
+    apart — on three masters, two inner releases of a count-3 hold, the first not reaching
+    master C, the second not reaching master B, leave counts 1, 2, 2 for a hold of count 1 —
+    while each re-entry the hold still has is on a quorum and each released one on a minority.
+    """
     quorum, found = await _quorum_view(inspectors, name)
     for held in found.values():
         if len(held) >= quorum:
-            return sorted((count for _, count in held), reverse=True)[quorum - 1]
+            seen = collections.Counter(entry for _, entries in held for entry in entries)
+            return 1 + sum(1 for times in seen.values() if times >= quorum)
     return 0
 
 

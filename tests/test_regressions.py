@@ -33,6 +33,8 @@ import anyio
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ConstantBackoff
 from redis.crc import key_slot
 
 from redis_locks_async import (
@@ -1427,3 +1429,53 @@ class TestFoundByTheHarness:
         assert older is not None and newer is not None and older is not newer
         await client.aclose()
         assert newer.lost and older.lost
+
+    async def test_renewal_finding_a_release_done_stops_renewing(
+        self, fault_proxy: FaultProxy, connect: Connect, name: str
+    ) -> None:
+        """Regression (S6 harness, soak on Redis 7.0, "renewal keeper spinning: 45 in 0.20 s"):
+        the lease keeper spun while a release was in flight. The release ran on the server but
+        its reply was lost, and redis-py waited out its retry back-off before sending it again;
+        the keeper's renewal, due meanwhile, found the lock gone. For a releasing hold that is
+        rightly no loss (the release's answer settles it), but the keeper kept the hold due
+        and renewed it again at once, round trip after round trip, until the release's answer
+        came back. Now a releasing hold the server no longer has is not renewed any more."""
+        lost: list[Lease] = []
+        # The client's retry re-sends a command after a connection error, a while later.
+        client = connect(fault_proxy.url, retry=Retry(ConstantBackoff(1.0), 1))
+        lock = Lock(client, name, lease=1.5, on_lost=lost.append)  # renewed 0.5 s in
+        other = Lock(connect(), name)
+        assert await lock.acquire()  # warm-up: scripts (renewal's too) loaded, connections open
+        await lock.extend()
+        await lock.release()
+        acquired, go = asyncio.Event(), asyncio.Event()
+
+        async def holder() -> None:
+            await lock.acquire()
+            acquired.set()
+            await go.wait()
+            await lock.release()
+
+        task = asyncio.create_task(holder())
+        await asyncio.wait_for(acquired.wait(), 5)
+        lease = introspect.lease_of(client, name, task)
+        assert lease is not None
+        fault_proxy.hold_replies()
+        go.set()
+        await until(lambda: _equal(other.locked(), False), what="the release to run")
+        state = lease.state  # (a name of its own: mypy would narrow lease.state for good)
+        assert state is HoldState.RELEASING
+        trips = introspect.renewal_round_trips(client)
+        assert fault_proxy.lose_held() == 1  # the release's reply: resent in 1 s
+        fault_proxy.heal()
+        # The keeper's renewal (due 0.5 s after the acquisition) finds the lock gone.
+        await until(
+            lambda: (
+                introspect.keeper_size(client) == 0
+                or introspect.renewal_round_trips(client) > trips + 5
+            ),
+            what="the keeper to drop the released hold",
+        )
+        assert introspect.renewal_round_trips(client) - trips <= 1, "keeper spinning"
+        await finish(task, 5, "the release")
+        assert lease.state is HoldState.RELEASED and not lost

@@ -257,12 +257,21 @@ class Worker:
         getattr(self.task, "uncancel")()  # noqa: B009 (Python 3.11+, see pytestmark)
         return bool(getattr(self.task, "cancelling")() == 0)  # noqa: B009
 
-    async def serve(self) -> asyncio.Future[Outcome] | None:
-        """Run commands until a ``None`` job (returns its future); a guard's loss propagates."""
+    async def serve(self, guarded: bool = False) -> asyncio.Future[Outcome] | None:
+        """Run commands until a ``None`` job ends the ``guarded`` block this loop serves
+        (returns its future); a guard's loss propagates.
+
+        Outside any block a ``None`` job is answered at once: a lease's loss can end a block
+        after the machine saw it open and queued the ``None`` (the worker's own loop used to
+        return on it, ending the worker, and the machine waited for ever)."""
         while True:
             job, fut = await self.queue.get()
             if job is None:
-                return fut
+                if guarded:
+                    return fut
+                if not fut.done():
+                    fut.set_result(Outcome())
+                continue
             self.busy = fut
             try:
                 outcome = await job(fut)
@@ -281,20 +290,25 @@ class Worker:
     async def guard(self, h: Handle, entered: asyncio.Future[Outcome]) -> Outcome:
         """``async with h.lock.guarded()``, serving commands inside until told to leave."""
         left: asyncio.Future[Outcome] | None = None
+        outcome = Outcome()
         try:
             async with h.lock.guarded() as lease:
                 self.guards.append((h, lease))
                 entered.set_result(Outcome(after=lease))
                 try:
-                    left = await self.serve()
+                    left = await self.serve(guarded=True)
                 finally:
                     self.guards.pop()
         except LockError as exc:  # LockTimeout entering; LockLostError leaving
             outcome = Outcome(error=exc)
-        else:
-            outcome = Outcome()
-        if left is not None:
-            left.set_result(outcome)
+        except asyncio.CancelledError as exc:
+            # An outer block's loss can cancel the worker while it leaves this one (its
+            # release awaits the server): whoever asked to leave still gets an answer.
+            outcome = Outcome(error=exc)
+            raise
+        finally:
+            if left is not None and not left.done():
+                left.set_result(outcome)
         return outcome
 
 

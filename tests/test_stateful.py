@@ -66,7 +66,8 @@ another worker transferred its hold to the waiting task (``expect``); a ``Semaph
 another holder beside the released one (``release_beside_tagged_waiter``); a task's earlier
 ``Semaphore`` permit, held under its newest, taken for a ghost (``live_owner_ids``); a
 ``RedLock``'s per-master counts apart after inner releases confirmed by different quorums
-(``quorum_hold_count``).
+(``quorum_hold_count``) — and a hang of the harness itself: a "leave the guarded block" queued
+just as a loss ended the block made the worker's own loop return (``Worker.serve``).
 
 Scenario rules put in order the sequences of four or more steps that short random runs almost
 never produce, each a rule of its own (so they are common), checked right away as well as by

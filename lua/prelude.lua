@@ -106,14 +106,15 @@ local function unregister(meta, queue, owner)
 end
 
 -- Every owner id of one process begins with the same tag of this many characters
--- (_runtime.py, process_tag).
+-- (_owners.py, process_tag).
 local PROCESS_TAG_LEN = 8
 
--- If the last grantee (meta field c, cleared by every release) holds nothing any more yet never
--- released — its claim window or its lease ran out: its process died, or was paused that long
--- — that process is taken for dead: every registration of its tag is dropped at once (a killed
--- process with k waiters in line delays the line by one claim window, not k), and "x:<tag>"
--- tells a process that was only paused to register its waiters again. `holds(owner)`: whether
+-- If the last grantee (meta field c, cleared by its release — see record_release) holds
+-- nothing any more yet never released — its claim window or its lease ran out: its process
+-- died, or was paused that long — that process is taken for dead: every registration of its
+-- tag is dropped at once (a killed process with k waiters in line delays the line by one claim
+-- window, not k), and "x:<tag>" tells a process that was only paused to register its waiters
+-- again. `holds(owner)`: whether
 -- owner holds the lock now (expired holds already dropped); nil: nobody holds it (a free lock).
 -- Reads meta (type check) in any case.
 local function evict_vanished(meta, queue, channel, sharded, holds)
@@ -163,7 +164,7 @@ end
 -- claim window. One announcement names every grantee: "g:<ttl>:<at>:<owner>:<token>[:...]"
 -- (ttl: the shortest window; at: the server's clock in microseconds, from which a grantee
 -- that reads the announcement late measures its window); `meta` field c names the (last)
--- grantee, see vanished_grantee. Returns how many were granted, and the ttl.
+-- grantee, see evict_vanished. Returns how many were granted, and the ttl.
 local function grant_batch(meta, queue, channel, sharded, now, take, record)
     local now_ms = math.floor(now / 1000)
     local granted, ttl, message, grantee = 0, nil, '', nil

@@ -8,8 +8,17 @@ wait, cancel, renew and release logic runs unchanged, once, over the quorum.
 
 **A round** starts a task per master and decides as soon as the outcome is known: a quorum
 (``N // 2 + 1``) answered yes, or so many answered no (or failed, or timed out) that a quorum
-has become impossible. Stragglers are not waited for; they finish (or time out) in tracked
-background tasks.
+has become impossible. Stragglers are not waited for; they finish (or time out after
+``node_timeout``) in tracked background tasks — each holding one of that master's pooled
+connections meanwhile, so a silent master has up to (requests per second × ``node_timeout``)
+of them in flight; past the pool's ``max_connections`` its requests fail at once, which a
+round counts as a failed master.
+
+``node_timeout`` belongs to the ``RedLock`` object (its policy appends it to each attempt's
+arguments, and the fan-out takes it off); the rounds of one acquisition — its renewals,
+re-entries and release too — use the timeout of the object that acquired. One fan-out serves
+every ``RedLock`` over the same set of clients, in any order and with any timeout, so a task
+re-enters its hold through any of them.
 
 **Acquire** is the Redis documentation's algorithm. Every round writes a value of its own on
 the masters (``<owner id>:<round>``, unguessable because the owner id is), so the clean-up of a
@@ -19,10 +28,12 @@ validity = lease - elapsed - (lease·0.01 + 2 ms) on the monotonic clock. The co
 lease from the moment it sent the attempt and keeps the drift allowance short of it (the
 policy's ``margin``), so the hold's local expiry *is* that validity: a slow master shortens it.
 A failed round is abandoned on **every** master — also those that answered no, failed or did
-not answer in time — in background tasks that retry a master until it confirms (for at most
-two leases and a few seconds: after that the master's copy has expired by itself). An abandon
-also fences the round's value on that master (``done``), so a straggling attempt that arrives
-after it is refused. The folded reply of a failed round tells the core when to try again: when
+not answer in time. Each master has one janitor (:class:`_Janitor`): a background task, alive
+while the master is owed something, that sends every abandon owed to it in one pipeline per
+pass and retries what the master did not confirm (for at most two leases and a few seconds:
+after that the master's copy has expired by itself). So a silent master costs one task and one
+connection however many rounds and releases it missed. An abandon also fences the round's
+value on that master (``done``), so a straggling attempt that arrives after it is refused. The folded reply of a failed round tells the core when to try again: when
 enough of the other holder's keys expire to leave a quorum free, or — after a split vote or
 with masters unreachable — after a random delay (jittered retry).
 
@@ -41,6 +52,7 @@ health check and reconnects on its own (a stopped master does not stall the othe
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 import weakref
@@ -58,12 +70,24 @@ from ._parking import ParkingLot
 from ._runtime import ClientRef, close_with, existing_runtime, transient_error
 from ._scripts import Call, EncodableArg, Script
 
-__all__ = ("LAYOUT", "FanOut", "Masters", "MultiHub", "QuorumError", "drift", "fan_out")
+__all__ = (
+    "INSPECT_TIMEOUT",
+    "LAYOUT",
+    "FanOut",
+    "Masters",
+    "MultiHub",
+    "QuorumError",
+    "drift",
+    "fan_out",
+)
 
 LAYOUT: Final = "redlock"  # the key layout of a RedLock (its auxiliary keys and channel)
 RETRY_DELAY: Final = 0.1  # seconds, ±50 % at random: the pause after a split vote
 _SWEEP_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _SWEEP_PATIENCE: Final = 5.0  # seconds past two leases a clean-up keeps trying a master
+_SWEEP_MIN_PATIENCE: Final = 0.25  # seconds a clean-up pass waits for a master at least
+_SWEEP_BATCH: Final = 500  # abandons per clean-up pipeline
+INSPECT_TIMEOUT: Final = 0.5  # seconds a master's reply is waited for outside a lock's rounds
 _PENDING: Final = object()
 
 _ROLES: Final[dict[str, tuple[Script, str]]] = {
@@ -104,27 +128,30 @@ def _took(reply: object) -> bool:
 class _Owner:
     """What one acquisition (an owner id of the core) reached on the masters."""
 
-    __slots__ = ("channel", "keys", "lease", "open", "value")
+    __slots__ = ("channel", "keys", "lease", "node_timeout", "open", "value")
 
-    def __init__(self, keys: tuple[str | bytes, ...]) -> None:
+    def __init__(self, keys: tuple[str | bytes, ...], node_timeout: float) -> None:
         self.keys = keys  # the lock's script keys (the clean-ups address them too)
         self.channel = LockKeys.for_name(str(keys[0]), LAYOUT).channel
         self.value: str | None = None  # the round's value that holds the quorum
         self.open: set[str] = set()  # values that may be on some master (not swept yet)
         self.lease = 0.0
+        # Each master's reply is waited for this long, in every round of this acquisition
+        # (the node_timeout of the RedLock object that started it).
+        self.node_timeout = node_timeout
 
 
 @final
 class FanOut:
     """N masters behind the interface the core uses of one client (module docstring)."""
 
-    def __init__(self, masters: Sequence[Any], node_timeout: float) -> None:
+    def __init__(self, masters: Sequence[Any]) -> None:
         self.masters = tuple(masters)
-        self.node_timeout = node_timeout
         self.quorum = len(self.masters) // 2 + 1
         self._owners: dict[str, _Owner] = {}
         self._rounds = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()  # only when no runtime tracks them
+        self._janitors: dict[int, _Janitor] = {}
 
     def __repr__(self) -> str:
         return f"<FanOut {len(self.masters)} masters quorum={self.quorum}>"
@@ -157,14 +184,16 @@ class FanOut:
             return exc
 
     async def _round(
-        self, command: Callable[[Any], Awaitable[object]], yes: Callable[[object], bool]
+        self,
+        command: Callable[[Any], Awaitable[object]],
+        yes: Callable[[object], bool],
+        timeout: float,
     ) -> tuple[bool, list[object]]:
-        """Send ``command`` to every master; return as soon as a quorum answered ``yes`` or
-        a quorum has become impossible, with the replies so far (``_PENDING`` for the rest)."""
+        """Send ``command`` to every master, each reply waited for at most ``timeout`` s;
+        return as soon as a quorum answered ``yes`` or a quorum has become impossible, with
+        the replies so far (``_PENDING`` for the rest)."""
         count = len(self.masters)
-        tasks = [
-            self._spawn(self._one(master, command, self.node_timeout)) for master in self.masters
-        ]
+        tasks = [self._spawn(self._one(master, command, timeout)) for master in self.masters]
         index = {task: i for i, task in enumerate(tasks)}
         results: list[object] = [_PENDING] * count
         pending: set[asyncio.Task[Any]] = set(tasks)
@@ -185,10 +214,10 @@ class FanOut:
                 else:
                     nays += 1
 
-    def _owner(self, owner: str, keys: tuple[str | bytes, ...]) -> _Owner:
+    def _owner(self, owner: str, keys: tuple[str | bytes, ...], node_timeout: float) -> _Owner:
         state = self._owners.get(owner)
         if state is None:
-            state = self._owners[owner] = _Owner(keys)
+            state = self._owners[owner] = _Owner(keys, node_timeout)
         return state
 
     def _tidy(self, owner: str) -> None:
@@ -203,7 +232,7 @@ class FanOut:
         return list(
             await asyncio.gather(
                 *(
-                    self._one(m, lambda c: c.execute_command(*args), self.node_timeout)
+                    self._one(m, lambda c: c.execute_command(*args), INSPECT_TIMEOUT)
                     for m in self.masters
                 )
             )
@@ -220,9 +249,10 @@ class FanOut:
                 return text
         return "none"
 
-    async def holds_key(self, key: str) -> bool:
-        """Whether ``key`` exists on a quorum of masters (``QuorumError`` if too few answer)."""
-        held, results = await self._round(lambda c: c.exists(key), lambda r: r == 1)
+    async def holds_key(self, key: str, node_timeout: float) -> bool:
+        """Whether ``key`` exists on a quorum of masters (``QuorumError`` if too few answer
+        within ``node_timeout``)."""
+        held, results = await self._round(lambda c: c.exists(key), lambda r: r == 1, node_timeout)
         if held:
             return True
         if sum(1 for r in results if r == 0) > len(self.masters) - self.quorum:
@@ -244,13 +274,17 @@ class FanOut:
         args = tuple(keys_and_args[numkeys:])
         owner = str(args[0])
         if role == "attempt":
-            return await self._attempt(script, keys, owner, args)
+            # The RedLock's policy appends its node_timeout (ms) to the script's arguments.
+            return await self._attempt(script, keys, owner, args[:-1], int(args[-1]) / 1000)
         if role == "release":
             return await self._release(script, keys, owner, args)
-        value = self._owners[owner].value if owner in self._owners else None
-        if value is None:
+        state = self._owners.get(owner)
+        value = state.value if state is not None else None
+        if state is None or value is None:
             return [-1, 0, 0, 0] if role == "reenter" else 0
-        held, results = await self._round(lambda c: script.run(c, keys, (value, *args[1:])), _took)
+        held, results = await self._round(
+            lambda c: script.run(c, keys, (value, *args[1:])), _took, state.node_timeout
+        )
         if held:
             if role == "renew":
                 return 1
@@ -264,8 +298,7 @@ class FanOut:
         gone = -1 if role == "reenter" else 0
         if sum(1 for r in results if _status(r) == gone) > len(self.masters) - self.quorum:
             # Lost: give up what the minority still has (nobody would renew or release it).
-            state = self._owners.get(owner)
-            if state is not None and state.value == value:
+            if state.value == value:
                 state.value = None
                 self._sweep(state, owner, value)
             return [-1, 0, 0, 0] if role == "reenter" else 0
@@ -278,16 +311,23 @@ class FanOut:
     # -- acquire -------------------------------------------------------------------------------
 
     async def _attempt(
-        self, script: Script, keys: tuple[str | bytes, ...], owner: str, args: tuple[Any, ...]
+        self,
+        script: Script,
+        keys: tuple[str | bytes, ...],
+        owner: str,
+        args: tuple[Any, ...],
+        node_timeout: float,
     ) -> list[int]:
-        state = self._owner(owner, keys)
+        state = self._owner(owner, keys, node_timeout)
         value = f"{owner}:{next(self._rounds)}"
         state.open.add(value)
         lease = int(args[1]) / 1000
         state.lease = lease
         loop = asyncio.get_running_loop()
         started = loop.time()
-        held, results = await self._round(lambda c: script.run(c, keys, (value, *args[1:])), _took)
+        held, results = await self._round(
+            lambda c: script.run(c, keys, (value, *args[1:])), _took, state.node_timeout
+        )
         validity = lease - (loop.time() - started) - drift(lease)
         if held and validity > 0:
             state.value = value
@@ -339,14 +379,16 @@ class FanOut:
             state.value = None
             sweeps = [self._sweep(state, owner, value) for value in list(state.open)]
             if sweeps:
-                await asyncio.wait(sweeps, timeout=self.node_timeout)
+                await asyncio.wait(sweeps, timeout=state.node_timeout)
             return [0, 0]
         value = state.value if state is not None else None
         if state is None or value is None:
             return [-1, 0]
         wanted = 1 if mode == "entry" else 0
         done, results = await self._round(
-            lambda c: script.run(c, keys, (value, *args[1:])), lambda r: _status(r) == wanted
+            lambda c: script.run(c, keys, (value, *args[1:])),
+            lambda r: _status(r) == wanted,
+            state.node_timeout,
         )
         if mode == "final":
             # What did not answer is swept (the key ends by itself at the latest), and so is
@@ -370,64 +412,47 @@ class FanOut:
 
     def _sweep(
         self, state: _Owner, owner: str, value: str, only: Sequence[int] | None = None
-    ) -> asyncio.Task[None]:
-        """Abandon ``value`` on the masters (all, or ``only`` those) in the background."""
-        return self._spawn(self._sweep_all(state, owner, value, only))
+    ) -> asyncio.Future[Any]:
+        """Abandon ``value`` on the masters (all, or ``only`` those) in the background: each
+        master's :class:`_Janitor` owes it. The future is done once every one of them has
+        confirmed the abandon or given up on it."""
+        until = asyncio.get_running_loop().time() + 2 * state.lease + _SWEEP_PATIENCE
+        indexes = range(len(self.masters)) if only is None else only
+        settled = asyncio.gather(*(self._janitor(i).owe(state, value, until) for i in indexes))
 
-    async def _sweep_all(
-        self, state: _Owner, owner: str, value: str, only: Sequence[int] | None
-    ) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-            give_up = loop.time() + 2 * state.lease + _SWEEP_PATIENCE
-            masters = self.masters if only is None else [self.masters[i] for i in only]
-            await asyncio.gather(
-                *(self._sweep_one(m, state.keys, value, state.channel, give_up) for m in masters)
-            )
-        finally:
+        def swept(_: asyncio.Future[Any]) -> None:
             state.open.discard(value)
             if self._owners.get(owner) is state:
                 self._tidy(owner)
 
-    async def _sweep_one(
-        self, master: Any, keys: tuple[str | bytes, ...], value: str, channel: str, until: float
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        args = (value, "abandon", "", channel, "0", "1")
-        patience = max(self.node_timeout, 0.25)
-        for delay in itertools.chain(_SWEEP_BACKOFF, itertools.repeat(_SWEEP_BACKOFF[-1])):
-            reply = await self._one(master, lambda c: LOCK_RELEASE.run(c, keys, args), patience)
-            if not isinstance(reply, BaseException) or loop.time() + delay >= until:
-                return
-            await asyncio.sleep(delay)
+        settled.add_done_callback(swept)
+        return settled
+
+    def _janitor(self, index: int) -> _Janitor:
+        janitor = self._janitors.get(index)
+        if janitor is None or janitor.loop is not asyncio.get_running_loop():
+            janitor = self._janitors[index] = _Janitor(self, self.masters[index])
+        return janitor
 
     # -- renewal (the keeper's pipelines) ------------------------------------------------------
 
     async def renew_batch(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[object]:
         """Fold a batch of renewals (``(sha, keys and args)``) over one pipeline per master:
         1 where a quorum renewed, 0 where the lease is known lost, else a ``QuorumError``."""
-        values: list[str | None] = []
-        for sha, keys_and_args in calls:
-            owner = str(keys_and_args[1])  # renew: KEYS = (name,), ARGV = (owner, lease ms)
-            state = self._owners.get(owner)
-            values.append(state.value if state is not None and sha == LOCK_RENEW.sha else None)
-        live = [i for i, value in enumerate(values) if value is not None]
-
-        async def one(master: Any) -> list[object]:
-            pipe = master.pipeline(transaction=False)
-            for i in live:
-                keys_and_args = calls[i][1]
-                pipe.evalsha(LOCK_RENEW.sha, 1, keys_and_args[0], values[i], keys_and_args[2])
-            replies: list[object] = await pipe.execute(raise_on_error=False)
-            if any(isinstance(r, NoScriptError) for r in replies):
-                await master.script_load(LOCK_RENEW.source)
-                replies = await pipe.execute(raise_on_error=False)
-            return replies
-
+        live: list[int] = []
+        renewals: list[tuple[EncodableArg, ...]] = []  # (name, the round's value, lease ms)
+        bound = 0.0  # each master's pipeline waits as long as its most patient hold allows
+        for i, (sha, keys_and_args) in enumerate(calls):
+            state = self._owners.get(str(keys_and_args[1]))  # renew: (name, owner, lease ms)
+            if sha == LOCK_RENEW.sha and state is not None and state.value is not None:
+                live.append(i)
+                renewals.append((keys_and_args[0], state.value, keys_and_args[2]))
+                bound = max(bound, state.node_timeout)
         per_master: list[object] = []
         if live:
+            renew = functools.partial(_pipelined, script=LOCK_RENEW, calls=renewals, numkeys=1)
             per_master = list(
-                await asyncio.gather(*(self._one(m, one, self.node_timeout) for m in self.masters))
+                await asyncio.gather(*(self._one(m, renew, bound) for m in self.masters))
             )
         folded: list[object] = [0] * len(calls)
         for slot, i in enumerate(live):
@@ -441,6 +466,113 @@ class FanOut:
             else:
                 folded[i] = _no_quorum(replies, "renew")
         return folded
+
+
+async def _pipelined(
+    master: Any, script: Script, calls: Sequence[tuple[EncodableArg, ...]], numkeys: int
+) -> list[object]:
+    """Run ``script`` once per ``calls`` entry (its keys, then its arguments) in one pipeline
+    on ``master``; each reply or error in order. A master that lost its scripts (restarted,
+    flushed) is given it and the pipeline sent again."""
+
+    async def send() -> list[object]:
+        pipe = master.pipeline(transaction=False)
+        for keys_and_args in calls:
+            pipe.evalsha(script.sha, numkeys, *keys_and_args)
+        replies: list[object] = await pipe.execute(raise_on_error=False)
+        return replies
+
+    replies = await send()
+    if any(isinstance(r, NoScriptError) for r in replies):
+        await master.script_load(script.source)
+        replies = await send()
+    return replies
+
+
+@final
+class _Debt:
+    """One abandon a master is owed (see :class:`_Janitor`)."""
+
+    __slots__ = ("channel", "keys", "patience", "settled", "until")
+
+    def __init__(self, state: _Owner, until: float, settled: asyncio.Future[None]) -> None:
+        self.keys = state.keys
+        self.channel = state.channel
+        self.patience = state.node_timeout
+        self.until = until  # past this the value's key has expired by itself on the master
+        self.settled = settled
+
+
+@final
+class _Janitor:
+    """The clean-ups one master is owed: abandons of round values that may be on it (a failed
+    round, a release the master did not confirm, a lost hold's minority copy).
+
+    At most one task per master sends them, all that are owed in one pipeline per pass, and
+    retries what was not confirmed with a growing back-off until the master confirms it or the
+    value's key has surely expired. So a silent master costs one connection and one task
+    however many holds were released meanwhile, instead of a task and a connection per release
+    (which filled the master's connection pool). An abandon also fences its value on the
+    master, so an attempt of that round arriving after it is refused."""
+
+    __slots__ = ("_debts", "_fan", "_master", "_task", "loop")
+
+    def __init__(self, fan: FanOut, master: Any) -> None:
+        self._fan = fan
+        self._master = master
+        self.loop = asyncio.get_running_loop()
+        self._debts: dict[str, _Debt] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def owe(self, state: _Owner, value: str, until: float) -> asyncio.Future[None]:
+        """Owe the abandon of ``value`` (a round of ``state``); done once settled."""
+        debt = self._debts.get(value)
+        if debt is None:
+            debt = self._debts[value] = _Debt(state, until, self.loop.create_future())
+        else:
+            debt.until = max(debt.until, until)
+        if self._task is None or self._task.done():
+            self._task = self._fan._spawn(self._work())
+        return debt.settled
+
+    def _settle(self, value: str) -> None:
+        debt = self._debts.pop(value, None)
+        if debt is not None and not debt.settled.done():
+            debt.settled.set_result(None)
+
+    async def _work(self) -> None:
+        failures = 0
+        try:
+            while self._debts:
+                batch = list(itertools.islice(self._debts.items(), _SWEEP_BATCH))
+                calls = [
+                    (*debt.keys, value, "abandon", "", debt.channel, "0", "1")
+                    for value, debt in batch
+                ]
+                patience = max(_SWEEP_MIN_PATIENCE, *(debt.patience for _, debt in batch))
+                numkeys = len(batch[0][1].keys)
+                abandon = functools.partial(
+                    _pipelined, script=LOCK_RELEASE, calls=calls, numkeys=numkeys
+                )
+                replies = await self._fan._one(self._master, abandon, patience)
+                if isinstance(replies, list) and len(replies) == len(batch):
+                    failures = 0
+                    for (value, _), reply in zip(batch, replies, strict=True):
+                        if not (isinstance(reply, BaseException) and transient_error(reply)):
+                            self._settle(value)  # done, or refused for good (not our key)
+                    continue
+                failures += 1
+                delay = _SWEEP_BACKOFF[min(failures, len(_SWEEP_BACKOFF)) - 1]
+                now = self.loop.time()
+                for value, debt in list(self._debts.items()):
+                    if now + delay >= debt.until:
+                        self._settle(value)
+                if self._debts:
+                    await asyncio.sleep(delay)
+        finally:
+            # Done, or the runtime is closing: nobody is left waiting on a clean-up.
+            for value in list(self._debts):
+                self._settle(value)
 
 
 def _no_quorum(results: list[object], action: str) -> QuorumError:
@@ -626,19 +758,19 @@ _FANOUTS: weakref.WeakValueDictionary[tuple[Hashable, ...], FanOut] = weakref.We
 _PINNED: Final = "_redis_locks_async_fanouts"
 
 
-def fan_out(masters: Sequence[Any], node_timeout: float) -> FanOut:
-    """The fan-out over ``masters`` (in this order) with ``node_timeout``: one per set, so
-    that ``RedLock`` objects over the same masters share their holds (re-entry) and their
-    pub/sub connections.
+def fan_out(masters: Sequence[Any]) -> FanOut:
+    """The fan-out over ``masters``: one per set of clients (in whatever order, whatever the
+    ``node_timeout`` of each ``RedLock``), so that ``RedLock`` objects over the same masters
+    share their holds (re-entry) and their pub/sub connections.
 
     A fan-out lives as long as its masters' clients (each client keeps a reference to it):
     were it to die with the last ``RedLock`` object using it, a ``RedLock`` built per request
     would open pub/sub connections of its own every time and never give them back to the
     masters' pools (a garbage-collected runtime cannot close them)."""
-    key = (*(id(m) for m in masters), node_timeout)
+    key = tuple(sorted(id(m) for m in masters))
     fan = _FANOUTS.get(key)
     if fan is None:
-        fan = _FANOUTS[key] = FanOut(masters, node_timeout)
+        fan = _FANOUTS[key] = FanOut(masters)
         ref = weakref.ref(fan)
 
         async def close() -> None:

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any, Final, final
 
 from ._core import Attempt, LockBase, _is_async_client
-from ._fanout import LAYOUT, FanOut, Masters, drift, fan_out
+from ._fanout import INSPECT_TIMEOUT, LAYOUT, FanOut, Masters, drift, fan_out
 from ._lease import LostCallback
 from ._lock import LOCK_ACQUIRE, LOCK_RELEASE, HashLockPolicy
 from ._scripts import Call
@@ -65,11 +65,17 @@ class RedLockPolicy(HashLockPolicy):
 
     kind = "redlock"
     layout = LAYOUT
-    __slots__ = ()
+    __slots__ = ("node_timeout",)
+
+    def __init__(self, name: str, node_timeout: float) -> None:
+        super().__init__(name)
+        self.node_timeout = node_timeout
 
     def attempt(self, a: Attempt) -> Call:
-        """``lock_acquire.lua`` in mode "try", even for a waiter."""
-        args = (a.owner, a.lease_ms, "try", a.grace_ms, a.claim_ms)
+        """``lock_acquire.lua`` in mode "try", even for a waiter; the fan-out takes this
+        object's ``node_timeout`` (ms, the last argument) off before sending it."""
+        timeout_ms = max(1, round(self.node_timeout * 1000))
+        args = (a.owner, a.lease_ms, "try", a.grace_ms, a.claim_ms, timeout_ms)
         return Call(LOCK_ACQUIRE, self.keys.script_keys, args)
 
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
@@ -78,9 +84,10 @@ class RedLockPolicy(HashLockPolicy):
         return Call(LOCK_RELEASE, keys.script_keys, (owner, mode, entry, keys.channel, "0", "1"))
 
     async def locked(self, client: Any) -> bool:
-        """Whether a quorum of masters has the lock's key."""
+        """Whether a quorum of masters has the lock's key (an inspection, not a round of the
+        algorithm: each master is given at least half a second, a first connection included)."""
         fan: FanOut = client
-        return await fan.holds_key(self.keys.name)
+        return await fan.holds_key(self.keys.name, max(self.node_timeout, INSPECT_TIMEOUT))
 
     def margin(self, lease: float) -> float:
         """The clock-drift allowance: lease·0.01 + 2 ms."""
@@ -165,12 +172,14 @@ class RedLock(LockBase):
 
     ``masters`` must be distinct servers (the same client or host/port/db twice is a
     ``ValueError``); an even number draws an :class:`EvenMastersWarning`. ``RedLock`` objects
-    over the same clients (in the same order) with the same ``node_timeout`` share their local
-    state: a task holding one re-enters through the other.
+    over the same clients (in any order, with any lease or ``node_timeout``) share their local
+    state: a task holding one re-enters through the other. The rounds of an acquisition (its
+    renewals, re-entries and release included) wait ``node_timeout`` of the object that
+    acquired.
     """
 
     _policy_class = RedLockPolicy
-    __slots__ = ()
+    __slots__ = ("_masters", "_node_timeout")
 
     def __init__(
         self,
@@ -202,8 +211,10 @@ class RedLock(LockBase):
                     f"{length / 10:g} s), got {node_timeout!r}: a round that waits that long for "
                     "one master leaves little of the lease to work with"
                 )
+        self._masters = clients
+        self._node_timeout = per_node
         super().__init__(
-            fan_out(clients, per_node),
+            fan_out(clients),
             name,
             lease=length,
             auto_renew=auto_renew,
@@ -213,11 +224,13 @@ class RedLock(LockBase):
         )
         self._topology = Masters
 
+    def _make_policy(self) -> RedLockPolicy:
+        return RedLockPolicy(self._name, self._node_timeout)
+
     @property
     def masters(self) -> tuple[Any, ...]:
         """The masters' clients, in the order given."""
-        fan: FanOut = self._redis
-        return fan.masters
+        return self._masters
 
     @property
     def quorum(self) -> int:
@@ -228,5 +241,4 @@ class RedLock(LockBase):
     @property
     def node_timeout(self) -> float:
         """Seconds each master's reply is waited for in a round."""
-        fan: FanOut = self._redis
-        return fan.node_timeout
+        return self._node_timeout

@@ -200,10 +200,14 @@ class TestQuorum:
             assert await lock.locked()
             assert 0 < lease.remaining() <= 5.0 - (5.0 * 0.01 + 0.002)
             assert lease.fencing_token > 0
-            assert not await RedLock(clients(n), name, lease=5.0).acquire(blocking=False)
+            rival = RedLock(clients(n), name, lease=5.0)
+            assert not await rival.acquire(blocking=False)
         # The release returns once a quorum confirmed it; the other masters' releases finish
-        # in the background.
+        # in the background. So do the rival's: its failed round is abandoned on every master
+        # in the background, and an attempt of that round still on its way to a master that
+        # the release reached first takes the key there until the abandon removes it.
         await settle(lock)
+        await settle(rival)
         assert await no_key_left(inspectors, name)
         assert not await lock.locked()
 
@@ -380,6 +384,42 @@ class TestMastersDown:
         finally:
             masters[1].resume()
         await settle(lock)
+
+    async def test_clean_ups_owed_to_a_stopped_master_take_one_connection(
+        self,
+        masters: list[ServerProcess],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+    ) -> None:
+        """Regression (a clean-up task and a pooled connection per release to a silent master):
+        every release the stopped master could not confirm started its own background task
+        that retried the abandon there until two leases had passed, each try holding one of the
+        client's pooled connections to it. 200 quick holds left 200 tasks retrying and the
+        master's pool full (100 connections "in use") for two leases; every other command on
+        that client failed with "Too many connections". Now one task per master sends
+        everything it is owed in one pipeline per pass, and when the master answers again it
+        removes whatever of ours reached it."""
+        masters_clients = clients(3)
+        lock = RedLock(masters_clients, name, lease=5.0, node_timeout=0.05)
+        async with lock:
+            pass  # every connection pool has a connection, the scripts are loaded
+        stopped = masters_clients[1].connection_pool
+        masters[1].pause()
+        try:
+            for _ in range(200):
+                async with lock:
+                    pass
+            # The rounds' requests to the stopped master end with node_timeout; what is left
+            # are the clean-ups it is owed: one task, one connection.
+            await asyncio.sleep(5 * lock.node_timeout + 0.3)
+            fan = introspect.redlock_client(lock)
+            assert introspect.pending_cleanups(fan) <= 1
+            assert len(stopped._in_use_connections) <= 1
+        finally:
+            masters[1].resume()
+        await settle(lock)
+        assert await no_key_left(inspectors, name)
 
 
 # --------------------------------------------------------------------------------------------

@@ -123,20 +123,17 @@ class TestRedLockObjects:
             done.set()
             await task
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="RedLock objects share holds only with the same fan-out (same masters, same "
-        "order, same node_timeout — which the lease changes by default)",
-    )
     async def test_reentry_through_a_redlock_with_another_lease(
         self, clients: Clients, name: str
     ) -> None:
-        """Bug: re-entry through another ``RedLock`` object on the same masters deadlocks the
-        holder against itself when the other object has a different lease (its default
-        ``node_timeout`` differs, so it gets a fan-out of its own with an empty table of
-        holds) or lists the masters in another order: ``acquire()`` waits for a lock the
-        calling task holds, until its timeout (for ever without one). ``Lock`` re-enters
-        through any object on the same client, whatever its lease."""
+        """Regression (RedLock objects shared holds only with the same fan-out: the same
+        masters in the same order and the same node_timeout). Bug: re-entry through another
+        ``RedLock`` object on the same masters deadlocked the holder against itself when the
+        other object had a different lease (its default ``node_timeout`` differed, so it got
+        a fan-out of its own with an empty table of holds) or listed the masters in another
+        order: ``acquire()`` waited for a lock the calling task held, until its timeout (for
+        ever without one). ``Lock`` re-enters through any object on the same client, whatever
+        its lease."""
         masters = clients()
         first = RedLock(masters, name, lease=30.0)
         other = RedLock(masters, name, lease=5.0)

@@ -654,7 +654,17 @@ class LockBase:
             raise LockError(f"cannot acquire {self._name!r}: {refused}", name=self._name)
         limit = wait if blocking else 0.0
         deadline = None if limit is None else runtime.loop.time() + max(limit, TRY_BOUND)
-        if await self._acquire(runtime, task, limit):
+        key = (policy.hold_key, task)
+        acquiring = runtime.acquiring
+        acquiring[key] = acquiring.get(key, 0) + 1
+        try:
+            got = await self._acquire(runtime, task, limit)
+        finally:
+            if acquiring[key] == 1:
+                del acquiring[key]
+            else:
+                acquiring[key] -= 1
+        if got:
             if self._replicas:
                 await self._sync_replicas(runtime, task, deadline)
             return True
@@ -789,6 +799,8 @@ class LockBase:
             lock.transfer(worker)
 
         Leaving an ``async with lock:`` block whose hold was transferred releases nothing.
+        A task that is itself waiting in ``acquire()`` for this lock cannot be handed it
+        (:class:`LockError`: it would wait for its own hold).
         """
         current = _current("transfer", self._name)
         runtime, hold = self._held_by(current, "transfer")
@@ -802,6 +814,13 @@ class LockBase:
         if self._policy.reentrant and (hold.key, task) in runtime.holds:
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task already holds it",
+                name=self._name,
+            )
+        if self._policy.reentrant and (hold.key, task) in runtime.acquiring:
+            raise LockError(
+                f"cannot transfer {self._name!r}: the target task is waiting in acquire() for "
+                "it and would go on waiting for the hold it was handed; let its acquire() end "
+                "first",
                 name=self._name,
             )
         if hold.outer is not None:

@@ -10,7 +10,7 @@ wait, cancel, renew and release logic runs unchanged, once, over the quorum.
 (``N // 2 + 1``) answered yes, or so many answered no (or failed, or timed out) that a quorum
 has become impossible. Stragglers are not waited for; they finish (or time out after
 ``node_timeout``) in tracked background tasks — each holding one of that master's pooled
-connections meanwhile, so a silent master has up to (requests per second × ``node_timeout``)
+connections meanwhile, so a silent master has up to (requests per second times ``node_timeout``)
 of them in flight; past the pool's ``max_connections`` its requests fail at once, which a
 round counts as a failed master.
 
@@ -33,9 +33,10 @@ while the master is owed something, that sends every abandon owed to it in one p
 pass and retries what the master did not confirm (for at most two leases and a few seconds:
 after that the master's copy has expired by itself). So a silent master costs one task and one
 connection however many rounds and releases it missed. An abandon also fences the round's
-value on that master (``done``), so a straggling attempt that arrives after it is refused. The folded reply of a failed round tells the core when to try again: when
-enough of the other holder's keys expire to leave a quorum free, or — after a split vote or
-with masters unreachable — after a random delay (jittered retry).
+value on that master (``done``), so a straggling attempt that arrives after it is refused.
+The folded reply of a failed round tells the core when to try again: when enough of the other
+holder's keys expire to leave a quorum free, or — after a split vote or with masters
+unreachable — after a random delay (jittered retry).
 
 **Renew, re-enter, release** fold the same way: they count when a quorum confirmed; "lost"
 when more than N - quorum masters say the owner no longer holds the key; anything in between

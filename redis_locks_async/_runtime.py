@@ -185,6 +185,7 @@ class Runtime:
         "_finished",
         "_hubs",
         "_tasks",
+        "acquiring",
         "closed",
         "holds",
         "keeper",
@@ -200,6 +201,9 @@ class Runtime:
         self._finished = False  # the close is complete: nothing may start any more
         self._tasks: set[asyncio.Task[Any]] = set()
         self.holds: dict[tuple[Hashable, asyncio.Task[Any]], Hold] = {}
+        # (hold key, task) -> how many acquire() calls of that task for that key are running
+        # (a task that waits for a lock cannot be handed it: it would wait for itself).
+        self.acquiring: dict[tuple[Hashable, asyncio.Task[Any]], int] = {}
         # Channels with an uncontended attempt in flight -> a future for those who wait for it
         # to end (created only when someone does).
         self.trying: dict[str, asyncio.Future[None] | None] = {}

@@ -217,6 +217,32 @@ class TestOwnership:
         assert await worker == lease.fencing_token
         assert not await lock.locked()
 
+    async def test_transfer_to_a_task_waiting_for_the_lock_is_refused(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (a task handed the lock while waiting in acquire() waited for itself):
+        the transferred hold became the waiting task's, and its acquire() went on waiting for
+        the lock that hold kept taken — ``False`` at its timeout, for ever without one (the
+        hold renewed all the while). The transfer is refused now; the hold stays with the
+        caller, and the waiter gets the lock once it is released."""
+        lock = Lock(client, name)
+
+        async def wait_then_release() -> bool:
+            other = Lock(client, name)
+            took = await other.acquire(timeout=10)
+            if took:
+                await other.release()
+            return took
+
+        async with lock:
+            waiter = asyncio.create_task(wait_then_release())
+            await asyncio.sleep(0.1)  # the waiter is parked
+            with pytest.raises(LockError, match="waiting in acquire"):
+                lock.transfer(waiter)
+            assert lock.owned()
+        assert await asyncio.wait_for(waiter, 10) is True
+        assert not await lock.locked()
+
     async def test_transfer_requires_holding(self, client: aioredis.Redis, name: str) -> None:
         lock = Lock(client, name)
         other = asyncio.create_task(asyncio.sleep(0))

@@ -47,6 +47,8 @@ __all__ = (
     "quorum_hold_count",
     "quorum_holders",
     "redlock_client",
+    "redlock_debts",
+    "redlock_owners",
     "register_ghost",
     "registered_waiters",
     "renewal_round_trips",
@@ -265,6 +267,23 @@ def redlock_client(lock: Any) -> Any:
     """The client object a ``RedLock``'s state lives under (its fan-out over the masters): pass
     it to the other functions here."""
     return lock._redis
+
+
+def redlock_owners(fan: Any) -> int:
+    """How many acquisitions a ``RedLock`` fan-out (:func:`redlock_client`) still keeps state
+    for: held, in flight, or with round values not yet cleaned up on the masters."""
+    return len(fan._owners)
+
+
+def redlock_debts(fan: Any) -> int:
+    """How many clean-ups (abandons of round values) the masters of a ``RedLock`` fan-out are
+    owed and that are not settled yet (confirmed, or given up)."""
+    return sum(
+        1
+        for janitor in fan._janitors.values()
+        for debt in janitor._debts.values()
+        if not debt.settled.done()
+    )
 
 
 async def _quorum_view(

@@ -10,6 +10,7 @@ renewal is the point, so the module stays fast.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import warnings
@@ -20,7 +21,14 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from redis_locks_async import LockLostError, LockNotOwnedError, LockTimeout, RedLock
+from redis_locks_async import (
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeout,
+    RedLock,
+    _fanout,
+)
 from redis_locks_async._redlock import EvenMastersWarning
 from tests import _introspect as introspect
 from tests._workers import assert_exclusive, contend, worker_process
@@ -576,6 +584,189 @@ class TestLease:
 
 async def _all_set(inspectors: Sequence[aioredis.Redis], name: str) -> bool:
     return all(await holders(inspectors, name))
+
+
+# --------------------------------------------------------------------------------------------
+# Clean-ups (one janitor per master) and fan-outs shared by RedLock objects
+# --------------------------------------------------------------------------------------------
+
+
+async def _busy(admin: aioredis.Redis) -> bool:
+    """Whether the master behind ``admin`` answers BUSY (a script runs too long)."""
+    try:
+        await admin.ping()
+    except redis.ResponseError as exc:
+        return str(exc).startswith("BUSY")
+    return False
+
+
+async def _idle(admin: aioredis.Redis) -> bool:
+    return not await _busy(admin)
+
+
+async def _any_set(inspectors: Sequence[aioredis.Redis], name: str) -> bool:
+    return any(await holders(inspectors, name))
+
+
+class TestCleanUpsAndSharing:
+    async def test_clean_ups_back_off_and_give_up_on_a_busy_master(
+        self,
+        masters: list[ServerProcess],
+        proxies: list[FaultProxy],
+        clients: Clients,
+        name: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (a master's clean-ups retried at once and for ever what it answered with
+        a transient error): a master that answers every command with an error worth retrying
+        — BUSY (a long script), LOADING (restarted with a large data set), READONLY (demoted)
+        — got the abandon pipeline again the moment the error came back, with no back-off and
+        no end: the janitor's give-up (the value's key surely expired) was only checked when
+        the whole pipeline failed. ~800 pipelines per second for as long as the master stayed
+        busy, and the janitor task, its debts and the acquisition's state lived as long."""
+        monkeypatch.setattr(_fanout, "_SWEEP_PATIENCE", 0.2)  # give up 2.2 s after the release
+        lock = RedLock(
+            clients(urls=[p.url for p in proxies[:3]]), name, lease=1.0, node_timeout=0.1
+        )
+        async with lock:
+            pass  # every master connected, the scripts loaded
+        admin, blocker = clients(urls=[masters[1].url, masters[1].url])
+        await admin.config_set("busy-reply-threshold", 10)
+
+        async def run_forever() -> object:
+            return await blocker.eval("while true do end", 0)  # until SCRIPT KILL
+
+        busy = asyncio.create_task(run_forever())
+        try:
+            await until(lambda: _busy(admin), "master 1 to answer BUSY", within=5.0)
+            fan = introspect.redlock_client(lock)
+            sent = proxies[1].stats.bytes_up
+            async with lock:
+                pass  # master 1 answers the attempt and the release with BUSY: it is owed one
+            assert introspect.redlock_debts(fan) >= 1
+            await until(
+                lambda: introspect.redlock_debts(fan) == 0, "the clean-up given up", within=10.0
+            )
+            # A pass is about 800 bytes: a few passes with back-off, not one per round trip.
+            assert proxies[1].stats.bytes_up - sent < 64 * 1024
+            await settle(lock)
+        finally:
+            await admin.script_kill()
+            with contextlib.suppress(redis.RedisError):
+                await busy
+            await until(lambda: _idle(admin), "master 1 to answer again", within=5.0)
+            await admin.config_set("busy-reply-threshold", 5000)
+
+    async def test_short_lease_renewed_beside_a_patient_one_with_a_master_stopped(
+        self, masters: list[ServerProcess], clients: Clients, name: str
+    ) -> None:
+        """Regression (one renewal pipeline per master waited the longest node_timeout of the
+        batch, for every master): since RedLock objects with different node_timeouts share one
+        fan-out — hence one lease keeper — a hold of a short lease is renewed in one batch
+        with the holds of a patient lock. Each master's pipeline waited up to the patient
+        lock's node_timeout and the batch waited for every master, so one stopped master made
+        every renewal of the short hold outlast its own bound (the earliest expiry of the
+        batch): all of them failed, and the short hold was lost while two of three masters
+        renewed it."""
+        masters_clients = clients(3)
+        patient = RedLock(masters_clients, f"{name}:patient", lease=10.0, node_timeout=1.0)
+        short = RedLock(masters_clients, name, lease=1.0, node_timeout=0.1)
+        async with patient, short as lease:
+            masters[2].pause()
+            try:
+                # The patient hold is ripe for renewal (half its renewal period) after 1.7 s:
+                # from then on the two are renewed in one batch, and each master's pipeline
+                # may take 1 s, past the short lease's bound (2/3 s after a renewal).
+                await asyncio.sleep(3.5)
+                assert not lease.lost, lease.lost_reason
+            finally:
+                masters[2].resume()
+        await settle(short)
+
+    @pytest.mark.parametrize("how", ["extend", "re-entry"])
+    async def test_clean_up_outlasts_a_lease_made_longer(
+        self,
+        proxies: list[FaultProxy],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+        how: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (a clean-up gave up after two of the *acquiring* leases): the janitor
+        stops retrying an abandon once the value's key "has surely expired", which it counted
+        from the lease the hold was acquired with. ``extend()`` to a longer lease, or a
+        re-entry through a RedLock object with a longer lease (they share holds), makes the
+        masters' key live that much longer: a release a partitioned master could not confirm
+        was given up on while the key still had most of its lease there, and the key stayed
+        after the partition healed. (A stopped master hides it: the passes it missed were
+        buffered in its sockets and run when it continues.)"""
+        monkeypatch.setattr(_fanout, "_SWEEP_PATIENCE", 0.2)
+        masters_clients = clients(urls=[p.url for p in proxies[:3]])
+        lock = RedLock(masters_clients, name, lease=1.0, node_timeout=0.1)
+        longer = RedLock(masters_clients, name, lease=10.0)
+        await lock.acquire()
+        if how == "extend":
+            await lock.extend(10.0)
+        else:
+            assert await longer.acquire(timeout=1.0)  # re-entry: the key lives 10 s now
+            await longer.release()
+        proxies[2].blackhole()
+        try:
+            await lock.release()  # masters 0 and 1 confirm it; master 2 is owed the abandon
+            await asyncio.sleep(3.0)  # past two of the acquiring leases (+ the patience)
+        finally:
+            proxies[2].heal()
+        await settle(lock)
+        assert await no_key_left(inspectors, name)
+
+    @pytest.mark.parametrize("case", ["held", "in flight", "in flight, no timeout"])
+    async def test_close_leaves_no_state_behind(
+        self,
+        masters: list[ServerProcess],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+        case: str,
+    ) -> None:
+        """Regression (closing a master's client left the fan-out's bookkeeping behind): the
+        state of an acquisition held or in flight when the client closed stayed in the shared
+        fan-out for as long as the masters' clients lived. A hold is lost on close and never
+        released (nothing may be sent any more); an attempt round cut short by the close
+        owed its clean-ups to janitors whose tasks the closed runtime cancelled before they
+        started, so those futures were never settled and the acquisition never forgotten."""
+        masters_clients = clients(3)
+        # A node_timeout beyond the close's grace (2 s): the close cuts the round short.
+        lock = RedLock(masters_clients, name, lease=30.0, node_timeout=2.5)
+        async with lock:
+            pass
+        fan = introspect.redlock_client(lock)
+        if case == "held":
+            await lock.acquire()
+            await masters_clients[0].aclose()
+            with pytest.raises(LockNotOwnedError):
+                await lock.release()
+        else:
+
+            async def close_in_flight() -> None:
+                await until(lambda: _any_set(inspectors[:1], name), "the attempt", within=5.0)
+                await masters_clients[0].aclose()
+
+            masters[1].pause()
+            masters[2].pause()
+            closer = asyncio.create_task(close_in_flight())
+            try:
+                with pytest.raises(LockError, match="closed"):
+                    await lock.acquire(timeout=10.0 if case == "in flight" else None)
+                await closer
+            finally:
+                masters[1].resume()
+                masters[2].resume()
+        await until(
+            lambda: introspect.redlock_owners(fan) == 0 and introspect.redlock_debts(fan) == 0,
+            "the fan-out to forget the acquisition",
+            within=5.0,
+        )
 
 
 # --------------------------------------------------------------------------------------------

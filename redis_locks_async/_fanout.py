@@ -557,11 +557,15 @@ class _Janitor:
                 )
                 replies = await self._fan._one(self._master, abandon, patience)
                 if isinstance(replies, list) and len(replies) == len(batch):
-                    failures = 0
                     for (value, _), reply in zip(batch, replies, strict=True):
                         if not (isinstance(reply, BaseException) and transient_error(reply)):
                             self._settle(value)  # done, or refused for good (not our key)
-                    continue
+                    if not any(value in self._debts for value, _ in batch):
+                        failures = 0
+                        continue
+                # Not confirmed: the master is silent, or it answers with an error worth
+                # retrying (BUSY, LOADING, READONLY) — which comes back at once, so it is
+                # retried with the same back-off and given up on at the same time.
                 failures += 1
                 delay = _SWEEP_BACKOFF[min(failures, len(_SWEEP_BACKOFF)) - 1]
                 now = self.loop.time()

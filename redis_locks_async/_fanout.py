@@ -42,7 +42,8 @@ unreachable — after a random delay (jittered retry).
 when more than N - quorum masters say the owner no longer holds the key; anything in between
 (masters unreachable) is a transient :class:`QuorumError`, which the core retries while the
 lease lasts, exactly as it retries a single server's connection errors. The lease keeper's
-pipeline becomes one pipeline per master per tick.
+pipeline becomes one pipeline per master per tick, folded as soon as a quorum decided each
+renewal in it (a stopped master is not waited for).
 
 **Waiting**: the hub of a ``FanOut`` runtime (:class:`MultiHub`) keeps one
 :class:`~._notify.SubscriptionHub` per master delivering into one parking lot per lock, so a
@@ -452,21 +453,50 @@ class FanOut:
         per_master: list[object] = []
         if live:
             renew = functools.partial(_pipelined, script=LOCK_RENEW, calls=renewals, numkeys=1)
-            per_master = list(
-                await asyncio.gather(*(self._one(m, renew, bound) for m in self.masters))
-            )
+            per_master = await self._until_decided(renew, len(live), bound)
         folded: list[object] = [0] * len(calls)
         for slot, i in enumerate(live):
-            replies = [
-                r[slot] if isinstance(r, list) and len(r) == len(live) else r for r in per_master
-            ]
-            if sum(1 for r in replies if _status(r) == 1) >= self.quorum:
-                folded[i] = 1
-            elif sum(1 for r in replies if _status(r) == 0) > len(self.masters) - self.quorum:
-                folded[i] = 0
+            verdict = self._verdict(per_master, slot, len(live))
+            if verdict is None:
+                folded[i] = _no_quorum(_slot(per_master, slot, len(live)), "renew")
             else:
-                folded[i] = _no_quorum(replies, "renew")
+                folded[i] = verdict
         return folded
+
+    async def _until_decided(
+        self, command: Callable[[Any], Awaitable[object]], slots: int, timeout: float
+    ) -> list[object]:
+        """Each master's replies to a pipeline of ``slots`` renewals (``_PENDING`` where none
+        came yet), returned once every renewal is decided — renewed, or lost, on a quorum —
+        not when the slowest master answers. One batch holds the renewals of RedLock objects
+        with different ``node_timeout`` s: waiting the most patient one's for a stopped master
+        would outlast the bound of the batch's shortest lease, and lose that lease while a
+        quorum renews it. The masters not waited for finish in tracked background tasks."""
+        tasks = [self._spawn(self._one(master, command, timeout)) for master in self.masters]
+        index = {task: i for i, task in enumerate(tasks)}
+        replies: list[object] = [_PENDING] * len(tasks)
+        pending: set[asyncio.Task[Any]] = set(tasks)
+        while pending and any(self._verdict(replies, s, slots) is None for s in range(slots)):
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                replies[index[task]] = (
+                    LockError("the redis client was closed") if task.cancelled() else task.result()
+                )
+        return replies
+
+    def _verdict(self, per_master: list[object], slot: int, slots: int) -> int | None:
+        """1: a quorum renewed renewal ``slot`` of a batch; 0: it is lost; ``None``: open."""
+        replies = _slot(per_master, slot, slots)
+        if sum(1 for r in replies if _status(r) == 1) >= self.quorum:
+            return 1
+        if sum(1 for r in replies if _status(r) == 0) > len(self.masters) - self.quorum:
+            return 0
+        return None
+
+
+def _slot(per_master: list[object], slot: int, slots: int) -> list[object]:
+    """Each master's reply to entry ``slot`` of a pipeline of ``slots`` (or its error)."""
+    return [r[slot] if isinstance(r, list) and len(r) == slots else r for r in per_master]
 
 
 async def _pipelined(

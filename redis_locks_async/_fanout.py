@@ -30,10 +30,11 @@ policy's ``margin``), so the hold's local expiry *is* that validity: a slow mast
 A failed round is abandoned on **every** master — also those that answered no, failed or did
 not answer in time. Each master has one janitor (:class:`_Janitor`): a background task, alive
 while the master is owed something, that sends every abandon owed to it in one pipeline per
-pass and retries what the master did not confirm (for at most two leases and a few seconds:
-after that the master's copy has expired by itself). So a silent master costs one task and one
-connection however many rounds and releases it missed. An abandon also fences the round's
-value on that master (``done``), so a straggling attempt that arrives after it is refused.
+pass and retries what the master did not confirm (for at most two leases — the longest the
+acquisition set, by an extend or a re-entry too — and a few seconds: after that the master's
+copy has expired by itself). So a silent master costs one task and one connection however
+many rounds and releases it missed. An abandon also fences the round's value on that master
+(``done``), so a straggling attempt that arrives after it is refused.
 The folded reply of a failed round tells the core when to try again: when enough of the other
 holder's keys expire to leave a quorum free, or — after a split vote or with masters
 unreachable — after a random delay (jittered retry).
@@ -137,10 +138,17 @@ class _Owner:
         self.channel = LockKeys.for_name(str(keys[0]), LAYOUT).channel
         self.value: str | None = None  # the round's value that holds the quorum
         self.open: set[str] = set()  # values that may be on some master (not swept yet)
+        # The longest lease (s) any command of this acquisition set on a master — its attempt,
+        # and every renewal, extend or re-entry since (through any RedLock object): a master's
+        # copy of a value has surely expired two of these after the value was given up.
         self.lease = 0.0
         # Each master's reply is waited for this long, in every round of this acquisition
         # (the node_timeout of the RedLock object that started it).
         self.node_timeout = node_timeout
+
+    def lengthen(self, lease_ms: object) -> None:
+        """A command of this acquisition sets a lease of ``lease_ms`` on the masters."""
+        self.lease = max(self.lease, int(str(lease_ms)) / 1000)
 
 
 @final
@@ -284,6 +292,7 @@ class FanOut:
         value = state.value if state is not None else None
         if state is None or value is None:
             return [-1, 0, 0, 0] if role == "reenter" else 0
+        state.lengthen(args[-1])  # renew: (owner, lease ms); reenter: (owner, entry, lease ms)
         held, results = await self._round(
             lambda c: script.run(c, keys, (value, *args[1:])), _took, state.node_timeout
         )
@@ -324,7 +333,7 @@ class FanOut:
         value = f"{owner}:{next(self._rounds)}"
         state.open.add(value)
         lease = int(args[1]) / 1000
-        state.lease = lease
+        state.lengthen(args[1])
         loop = asyncio.get_running_loop()
         started = loop.time()
         held, results = await self._round(
@@ -449,6 +458,7 @@ class FanOut:
             if sha == LOCK_RENEW.sha and state is not None and state.value is not None:
                 live.append(i)
                 renewals.append((keys_and_args[0], state.value, keys_and_args[2]))
+                state.lengthen(keys_and_args[2])
                 bound = max(bound, state.node_timeout)
         per_master: list[object] = []
         if live:

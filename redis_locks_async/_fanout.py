@@ -168,10 +168,13 @@ class FanOut:
 
     async def aclose(self) -> None:
         """Close this fan-out's runtime (renewal, listeners, background tasks); the masters'
-        clients stay open (they are the caller's)."""
+        clients stay open (they are the caller's). What it knew of its acquisitions goes
+        with it: their holds are lost, their rounds cut short, their clean-ups cancelled (the
+        masters' keys expire by themselves)."""
         runtime = existing_runtime(self)
         if runtime is not None:
             await runtime.aclose()
+        self._owners.clear()
 
     # -- tasks and rounds ----------------------------------------------------------------------
 
@@ -573,8 +576,16 @@ class _Janitor:
         else:
             debt.until = max(debt.until, until)
         if self._task is None or self._task.done():
-            self._task = self._fan._spawn(self._work())
+            task = self._task = self._fan._spawn(self._work())
+            task.add_done_callback(self._ended)
         return debt.settled
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        # A task cancelled before it started (spawned once its runtime had shut down) never
+        # ran its ``finally``: nobody will send what is still owed, so nobody waits for it.
+        if task is self._task:
+            for value in list(self._debts):
+                self._settle(value)
 
     def _settle(self, value: str) -> None:
         debt = self._debts.pop(value, None)

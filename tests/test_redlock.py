@@ -720,6 +720,43 @@ class TestCleanUpsAndSharing:
         await settle(lock)
         assert await no_key_left(inspectors, name)
 
+    @pytest.mark.parametrize("how", ["re-entry", "extend"])
+    async def test_lease_set_too_late_is_not_held(
+        self,
+        proxies: list[FaultProxy],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+        how: str,
+    ) -> None:
+        """Regression (a re-entry or an extend counted when a quorum confirmed it, however
+        late): the rounds of a hold wait the ``node_timeout`` of the object that acquired it,
+        so a re-entry through a RedLock of a short lease — or an ``extend()`` to one — waits
+        up to a tenth of the *acquiring* lease, which may be longer than the new one. Replies
+        slower than the new lease left a quorum of keys expired when the round returned:
+        ``acquire()`` answered True (or ``extend()`` returned) for a lock another client
+        could take at once, and did, while the holder's lease was not yet lost. An extension
+        counts only if a quorum made it within its validity (SPEC §4)."""
+        masters_clients = clients(urls=[p.url for p in proxies[:3]])
+        lock = RedLock(masters_clients, name, lease=30.0, node_timeout=3.0)
+        short = RedLock(masters_clients, name, lease=0.5)
+        await lock.acquire()
+        for proxy in proxies[:3]:
+            proxy.delay(0.8)  # every reply comes after the new lease ended
+        try:
+            with pytest.raises(LockLostError):
+                if how == "re-entry":
+                    await short.acquire(timeout=10.0)
+                else:
+                    await lock.extend(0.5)
+        finally:
+            for proxy in proxies[:3]:
+                proxy.heal()
+        rival = RedLock(inspectors[:3], name, lease=5.0)
+        assert await rival.acquire(timeout=5.0)
+        await rival.release()
+        await settle(lock)
+
     @pytest.mark.parametrize("case", ["held", "in flight", "in flight, no timeout"])
     async def test_close_leaves_no_state_behind(
         self,

@@ -39,7 +39,8 @@ The folded reply of a failed round tells the core when to try again: when enough
 holder's keys expire to leave a quorum free, or — after a split vote or with masters
 unreachable — after a random delay (jittered retry).
 
-**Renew, re-enter, release** fold the same way: they count when a quorum confirmed; "lost"
+**Renew, re-enter, release** fold the same way: they count when a quorum confirmed (an extend
+or a re-entry only within the validity of the lease it sets, else the hold is lost); "lost"
 when more than N - quorum masters say the owner no longer holds the key; anything in between
 (masters unreachable) is a transient :class:`QuorumError`, which the core retries while the
 lease lasts, exactly as it retries a single server's connection errors. The lease keeper's
@@ -296,10 +297,17 @@ class FanOut:
         if state is None or value is None:
             return [-1, 0, 0, 0] if role == "reenter" else 0
         state.lengthen(args[-1])  # renew: (owner, lease ms); reenter: (owner, entry, lease ms)
+        lease = int(args[-1]) / 1000
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         held, results = await self._round(
             lambda c: script.run(c, keys, (value, *args[1:])), _took, state.node_timeout
         )
-        if held:
+        # An extension counts only if the quorum made it within its validity: the round waits
+        # the acquiring object's node_timeout, which a re-entry through an object of a shorter
+        # lease (or an extend to one) may exceed — the keys could be gone by now.
+        late = held and lease - (loop.time() - started) - drift(lease) <= 0
+        if held and not late:
             if role == "renew":
                 return 1
             replies = [r for r in results if _took(r)]
@@ -310,8 +318,8 @@ class FanOut:
                 min(int(r[3]) for r in replies),  # type: ignore[index]
             ]
         gone = -1 if role == "reenter" else 0
-        if sum(1 for r in results if _status(r) == gone) > len(self.masters) - self.quorum:
-            # Lost: give up what the minority still has (nobody would renew or release it).
+        if late or sum(1 for r in results if _status(r) == gone) > len(self.masters) - self.quorum:
+            # Lost: give up what the masters still have (nobody would renew or release it).
             if state.value == value:
                 state.value = None
                 self._sweep(state, owner, value)

@@ -275,3 +275,42 @@ class TestOneMasterRefusing:
             await client.set(name, "not a lock")
         with pytest.raises(LockError, match=r"wrong|type|WRONGTYPE"):
             await RedLock(masters, name).acquire(timeout=5)
+
+
+class TestLateExtensionOfALock:
+    @pytest.mark.xfail(
+        strict=True,
+        reason="core (_core.py, not fixed here): an extend or re-entry confirmed only after the "
+        "lease it sets ended still counts",
+    )
+    @pytest.mark.parametrize("how", ["re-entry", "extend"])
+    async def test_lease_set_too_late_is_not_held(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+        how: str,
+    ) -> None:
+        """Bug: a ``Lock`` re-entered through a ``Lock`` object of a shorter lease, or
+        extended to a shorter lease, whose reply arrives after that lease ended: the core
+        takes the reply as success — ``acquire()`` returns True, ``extend()`` returns — and
+        the lease, with nothing left (``remaining()`` 0), is not lost until the lease keeper
+        notices. The key is already gone and another client takes the lock meanwhile. (The
+        same for ``RedLock`` is fixed in its fan-out, where an extension counts only within
+        its validity.)"""
+        lock = Lock(proxied, name, lease=30.0)
+        short = Lock(proxied, name, lease=0.5)
+        await lock.acquire()
+        fault_proxy.delay(0.8)  # the reply comes after the new lease ended
+        try:
+            with pytest.raises(LockLostError):
+                if how == "re-entry":
+                    await short.acquire(timeout=10.0)
+                else:
+                    await lock.extend(0.5)
+        finally:
+            fault_proxy.heal()
+        rival = Lock(client, name)
+        assert await rival.acquire(timeout=5.0)
+        await rival.release()

@@ -785,6 +785,7 @@ class LockBase:
                 f"cannot extend {self._name!r}: the lease was lost ({hold.lost_reason})",
                 name=self._name,
             )
+        self._check_in_time(runtime, hold, sent_at, length, "extend")
         if hold.live:
             hold.renewed(sent_at, length)
             runtime.keeper.reschedule(hold)
@@ -1345,6 +1346,22 @@ class LockBase:
                 name=self._name,
             )
 
+    def _check_in_time(
+        self, runtime: Runtime, hold: Hold, sent_at: float, length: float, action: str
+    ) -> None:
+        """An extend or a re-entry sets the server's lease to ``length`` from when it ran: if
+        its confirmation came only after that lease could have ended (a slow network, a
+        paused process), the key may be gone and another owner may hold the lock — the hold
+        is lost, not extended (what may be left of it on the server is given up)."""
+        if sent_at + length - self._policy.margin(length) > runtime.loop.time():
+            return
+        self._lose(runtime, hold, f"the {action} was confirmed only after the lease it set ended")
+        self._forget_lost(runtime, hold)
+        raise LockLostError(
+            f"cannot {action} {self._name!r}: the lease was lost ({hold.lost_reason})",
+            name=self._name,
+        )
+
     def _forget_lost(self, runtime: Runtime, hold: Hold) -> None:
         """Forget a lost hold, and release what may still be ours on the server (a lease lost
         because its renewals went unanswered may still be alive there): fenced, harmless if
@@ -1396,6 +1413,7 @@ class LockBase:
                 f"cannot re-enter {self._name!r}: the lease was lost ({hold.lost_reason})",
                 name=self._name,
             )
+        self._check_in_time(runtime, hold, sent_at, length, "re-enter")
         hold.entries.append(entry)
         self._counters.reentries += 1
         hold.renewed(sent_at, length)

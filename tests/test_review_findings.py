@@ -278,11 +278,6 @@ class TestOneMasterRefusing:
 
 
 class TestLateExtensionOfALock:
-    @pytest.mark.xfail(
-        strict=True,
-        reason="core (_core.py, not fixed here): an extend or re-entry confirmed only after the "
-        "lease it sets ended still counts",
-    )
     @pytest.mark.parametrize("how", ["re-entry", "extend"])
     async def test_lease_set_too_late_is_not_held(
         self,
@@ -292,7 +287,8 @@ class TestLateExtensionOfALock:
         name: str,
         how: str,
     ) -> None:
-        """Bug: a ``Lock`` re-entered through a ``Lock`` object of a shorter lease, or
+        """Regression (an extension confirmed after the lease it set ended counted as held).
+        Bug: a ``Lock`` re-entered through a ``Lock`` object of a shorter lease, or
         extended to a shorter lease, whose reply arrives after that lease ended: the core
         takes the reply as success — ``acquire()`` returns True, ``extend()`` returns — and
         the lease, with nothing left (``remaining()`` 0), is not lost until the lease keeper

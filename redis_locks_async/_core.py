@@ -764,7 +764,7 @@ class LockBase:
         if hold.renew_until is not None and sent_at + length > hold.renew_until:
             raise LockError(
                 f"cannot extend {self._name!r} by {length} s: it would be held past its "
-                f"max_hold ({self._max_hold} s)",
+                f"max_hold (which ends in {max(0.0, hold.renew_until - sent_at):.3g} s)",
                 name=self._name,
             )
         try:

@@ -567,12 +567,13 @@ class _Janitor:
     (which filled the master's connection pool). An abandon also fences its value on the
     master, so an attempt of that round arriving after it is refused."""
 
-    __slots__ = ("_debts", "_fan", "_master", "_task", "loop")
+    __slots__ = ("_debts", "_fan", "_master", "_runtime", "_task", "loop")
 
     def __init__(self, fan: FanOut, master: Any) -> None:
         self._fan = fan
         self._master = master
         self.loop = asyncio.get_running_loop()
+        self._runtime = existing_runtime(fan)
         self._debts: dict[str, _Debt] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -603,7 +604,9 @@ class _Janitor:
     async def _work(self) -> None:
         failures = 0
         try:
-            while self._debts:
+            # The runtime's close cancels this task; the check also stops it where Python
+            # 3.10/3.11's wait_for swallowed that cancellation (a reply arriving with it).
+            while self._debts and not (self._runtime is not None and self._runtime.closed):
                 batch = list(itertools.islice(self._debts.items(), _SWEEP_BATCH))
                 calls = [
                     (*debt.keys, value, "abandon", "", debt.channel, "0", "1")

@@ -318,7 +318,8 @@ def _b4(result: Mapping[str, Any]) -> list[str]:
     target = result["target"]
     config = result["config"]
     intro = (
-        f"Window {config['window_s']:g} s after the set-up burst settled; holder silent "
+        f"Window {config['window_s']:g} s after the set-up settled (every waiter in place as "
+        "far as the server shows it, then a steady command rate); holder silent "
         f"(lease {config['holder_lease_s']:g} s, no renewal). asyncio waiters share a "
         f"BlockingConnectionPool of {config['pool_size']}. Target: {target['text']} — "
         f"{_verdict(target)}."
@@ -338,6 +339,10 @@ def _b4(result: Mapping[str, Any]) -> list[str]:
         parts.append(
             f"set-up: {row['setup_commands']:,} commands, settled in {row['settle_s']:g} s"
         )
+        if "in_place" in row:
+            ours = row["key"].startswith("redis-locks-async")
+            what = "locks subscribed and registered" if ours else "connections blocked in BLPOP"
+            parts.append(f"{row['in_place']:,}/{row['in_place_needed']:,} {what} before the window")
         rows.append(
             [
                 row["label"],

@@ -318,7 +318,8 @@ def _b4(result: Mapping[str, Any]) -> list[str]:
     target = result["target"]
     config = result["config"]
     intro = (
-        f"Window {config['window_s']:g} s after the set-up burst settled; holder silent "
+        f"Window {config['window_s']:g} s after the set-up settled (every waiter in place as "
+        "far as the server shows it, then a steady command rate); holder silent "
         f"(lease {config['holder_lease_s']:g} s, no renewal). asyncio waiters share a "
         f"BlockingConnectionPool of {config['pool_size']}. Target: {target['text']} — "
         f"{_verdict(target)}."
@@ -338,6 +339,10 @@ def _b4(result: Mapping[str, Any]) -> list[str]:
         parts.append(
             f"set-up: {row['setup_commands']:,} commands, settled in {row['settle_s']:g} s"
         )
+        if "in_place" in row:
+            ours = row["key"].startswith("redis-locks-async")
+            what = "locks subscribed and registered" if ours else "connections blocked in BLPOP"
+            parts.append(f"{row['in_place']:,}/{row['in_place_needed']:,} {what} before the window")
         rows.append(
             [
                 row["label"],
@@ -454,7 +459,9 @@ def _b5(result: Mapping[str, Any]) -> list[str]:
     intro = (
         f"{config['locks']:,} tasks each hold their own `Lock(..., lease={config['lease_s']:g})` "
         f"(renewed every lease/3 = one tick) in one process on a BlockingConnectionPool of "
-        f"{config['pool_size']}; measured over {config['leases']} leases once all are held. "
+        f"{config['pool_size']} (acquisitions and releases paced at "
+        f"{config.get('in_flight_gate', '?')} in flight); measured over {config['leases']} "
+        "leases once all are held, from a quiet moment between two renewal bursts. "
         f"Target: {target['text']} — {_verdict(target)} ({target.get('value_text')})."
     )
     if "alive_on_server" not in row:
@@ -469,7 +476,13 @@ def _b5(result: Mapping[str, Any]) -> list[str]:
         [
             "renewal round trips per tick",
             f"{row['round_trips_per_tick']:g} ({row['client_round_trips']} in "
-            f"{row['window_s']:g} s = {row['ticks']:g} ticks)",
+            f"{row['window_s']:g} s = {row['ticks']:g} ticks"
+            + (
+                "; no quiet moment between bursts: the window may cut a tick"
+                if row.get("window_between_bursts") is False
+                else ""
+            )
+            + ")",
         ],
         ["… per 1,000 locks", f"**{row['round_trips_per_tick_per_1000']:g}**"],
         [

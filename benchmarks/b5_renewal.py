@@ -3,8 +3,11 @@
 One process, one ``redis.asyncio`` client (a ``BlockingConnectionPool`` of 64 metered
 connections, ``_metering``). N tasks each take their own lock with a short lease (``Lock(...,
 lease=3.0)``, renewed every lease/3 by the library) and hold it in ``async with``; all of them
-start at once. When every lock is held, a window of three leases begins, during which nothing
-but renewal talks to the server. Measured over the window:
+start at once, their acquisitions (and releases, at the end) paced below the pool's size. When
+every lock is held, a tick later, and when a renewal burst has just ended, a window of three
+leases begins (whole ticks: it ends between two bursts too), during which nothing but renewal
+talks to the server.
+Measured over the window:
 
 - **alive**: at its end no ``Lease`` may be lost (nor ``on_lost`` have run), and on the server
   every lock's hash (the key layout the README documents: the lock's name, fields ``owner`` and
@@ -22,6 +25,7 @@ but renewal talks to the server. Measured over the window:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,7 +37,9 @@ from ._stats import command_delta, percentile
 
 TICK_S = 0.005  # the lag ticker's sleep
 POOL = 64
-RELEASE_GATE = 256  # releases in flight at once when the window ends
+# Acquisitions (at the start) and releases (at the end) in flight at once: fewer than the
+# pool's connections, so that the lease keeper always finds one free.
+GATE = POOL * 3 // 4
 TARGET_ROUND_TRIPS = 1.0  # per renewal tick per 1,000 locks (one node)
 TARGET_LAG_MS = 20.0
 
@@ -86,6 +92,29 @@ class _Ticker:
         }
 
 
+async def _between_bursts(meter: Meter, tick_s: float) -> bool:
+    """Wait a tick (the lease keeper may still be catching up with the renewals that fell due
+    while the locks were being taken), then until a renewal burst has begun and ended — no
+    request for a quarter of a tick: one pipeline's round trip on a loaded machine can take a
+    tenth. A window of whole ticks that begins then also ends between two bursts, so it counts
+    every tick's round trips once; begun at any moment, it would now and then catch a part of
+    one more tick (91 round trips instead of 90). ``False`` if no quiet moment came within
+    three ticks (the window then begins anyway)."""
+    await asyncio.sleep(tick_s)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 3 * tick_s
+    seen = meter.round_trips
+    quiet_since = loop.time()
+    burst = False
+    while loop.time() < give_up:
+        await asyncio.sleep(0.002)
+        if meter.round_trips != seen:
+            seen, burst, quiet_since = meter.round_trips, True, loop.time()
+        elif burst and loop.time() - quiet_since >= tick_s / 4:
+            return True
+    return False
+
+
 async def _verify(client: Any, names: list[str], tokens: list[int]) -> tuple[int, int]:
     """(alive, wrong): locks whose hash still holds the lease's token with a TTL left, and
     locks that do not."""
@@ -123,16 +152,24 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
         nonlocal on_lost_calls
         on_lost_calls += 1
 
-    # The release at the end goes through a gate: 10,000 releases queued at once for 64
-    # connections would starve the lease keeper's renewals of a connection for longer than a
-    # 3 s lease on this machine (a burst the application should pace, not a renewal cost).
-    gate = asyncio.Semaphore(RELEASE_GATE)
+    # The acquisitions at the start and the releases at the end go through gates: commands
+    # queued for the pool's connections (redis-py serves them first come, first served) keep
+    # the lease keeper's renewal pipelines waiting behind them, one after the other, and
+    # 10,000 tasks starting their acquire at once block the loop for up to a second — a burst
+    # the application should pace, not a renewal cost. Unpaced, runs whose acquisitions took
+    # 5 to 8 s lost most of their leases; paced at 256 with 64 connections, on a loaded
+    # machine, some were lost while the 10,000 released.
+    admission = asyncio.Semaphore(GATE)
+    gate = asyncio.Semaphore(GATE)
 
     async def hold(index: int) -> None:
         nonlocal held
         entered = False
         try:
-            async with Lock(client, names[index], lease=config.lease_s, on_lost=on_lost) as lease:
+            async with contextlib.AsyncExitStack() as stack:
+                async with admission:
+                    lock = Lock(client, names[index], lease=config.lease_s, on_lost=on_lost)
+                    lease = await stack.enter_async_context(lock)
                 leases[index] = lease
                 held += 1
                 if held == config.locks:
@@ -166,6 +203,7 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
             f"{config.leases} leases of {config.lease_s:g} s…"
         )
         window_s = config.leases * config.lease_s
+        aligned = await _between_bursts(meter, config.lease_s / 3)
         before_stats: dict[str, Any] = await client.info("commandstats")
         before = meter.reading()
         meter.sizes = []
@@ -180,6 +218,7 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
         alive, wrong = await _verify(client, names, tokens)
         result = _summarize(
             config,
+            aligned,
             acquire_s,
             window_ended - window_began,
             after - before,
@@ -213,6 +252,7 @@ async def _run(url: str, prefix: str, config: B5Config, log: Log) -> dict[str, A
 
 def _summarize(
     config: B5Config,
+    aligned: bool,
     acquire_s: float,
     window_s: float,
     client: Reading,
@@ -234,6 +274,7 @@ def _summarize(
         "tick_s": round(tick_s, 3),
         "acquire_s": round(acquire_s, 2),
         "window_s": round(window_s, 2),
+        "window_between_bursts": aligned,
         "ticks": round(ticks, 2),
         "lost_locally": lost,
         "alive_on_server": alive,
@@ -297,6 +338,7 @@ def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:
             "lease_s": config.lease_s,
             "leases": config.leases,
             "pool_size": POOL,
+            "in_flight_gate": GATE,
             "lag_tick_ms": TICK_S * 1000,
         },
         "rows": [row],

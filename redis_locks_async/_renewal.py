@@ -1,19 +1,34 @@
 """The lease keeper: one asyncio task per runtime renews every auto-renewed lease, in batches.
 
-A hold is due for renewal a third of the way into its lease (``Hold.renew_at``), so a lone hold
-is renewed every lease/3. When one is due the keeper renews it together with every hold at least
-halfway through its own renewal period, in pipelines of at most :data:`BATCH` calls: holds fall
-into step (two groups a period apart merge at the next tick), and 10,000 held locks of one lease
-cost ten round trips per tick, not 10,000 timers. A renewal succeeds only if the owner id still
-holds the key (a token-checked script); "not held" means the lease is **lost**. A transient error
-(connection refused, timeout, a demoted master) is retried with a growing back-off until the
-lease's local expiry passes; then the lease is lost. Every round trip is bounded by the earliest
-local expiry in its batch, so a silent network never keeps a lease "held" past its end.
+A hold is renewed a third of the way into its lease at the latest (``Hold.renew_at``). To share
+round trips, the keeper moves each renewal *earlier*, never later, onto a **beat**: loop times
+``phase + k * period`` (period = lease/3, ``phase`` drawn once per keeper, so processes do not
+all renew at the same instant). Every hold of one lease length therefore falls due at the same
+moment, and the keeper renews all of them together — those due, soonest expiry first, in as few
+pipelines per node as :data:`BATCH` allows, of equal size: 10,000 held locks of one lease cost
+ten round trips per lease/3, not 10,000 timers, and holds of one lease never tick apart. Holds
+acquired between two beats join the next one; a hold renewed off the beat (a retry, a
+confirmation, a changed lease) rejoins it at its next renewal. Leases whose periods are whole
+multiples of each other share beats. Joining the beat costs one renewal up to a period earlier
+than lease/3 would have asked for, once per hold (and again after each renewal off the beat).
+
+An earlier rule renewed, with any batch that came due, every hold at least halfway through its
+period. Holds acquired over a few seconds then settled into two groups about half a period
+apart, and the holds at the edge of each group were renewed by both (B5: 10,000 locks cost 10.1
+round trips per tick, twelve per period on a loaded machine). On a beat, renewing a hold early
+gains nothing (its next renewal falls on the same beat), so nothing is renewed before it is due.
+
+A renewal succeeds only if the owner id still holds the key (a token-checked script); "not
+held" means the lease is **lost**. A transient error (connection refused, timeout, a demoted
+master) is retried with a growing back-off until the lease's local expiry passes; then the lease
+is lost. Every round trip is bounded by the earliest local expiry in its batch, so a silent
+network never keeps a lease "held" past its end.
 
 The keeper also confirms hand-overs (a lock handed to a waiting task is granted a short claim
 window; the confirmation is an ordinary renewal, due at once) and watches leases without
 auto-renewal, only to mark them lost when they expire. A hold that is no longer live (released,
-lost) is dropped the moment the keeper sees it: nothing spins on it.
+lost) is dropped the moment the keeper sees it, and checked again just before each pipeline is
+sent: nothing spins on it, nothing renews it.
 
 The keeper's task exists while some hold is tracked (and lingers a few seconds after the last
 one, so a client that keeps acquiring does not start a task per acquisition); it dies with the
@@ -25,11 +40,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Coroutine
+import random
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, Final, final
 
 from redis.exceptions import NoScriptError, RedisError
 
+from ._errors import LockError
 from ._lease import Hold, HoldState
 
 __all__ = ("BATCH", "LeaseKeeper")
@@ -40,6 +57,10 @@ BATCH: Final = 1000  # renewals per pipeline (one round trip)
 _BACKOFF: Final = (0.1, 0.2, 0.4, 0.8, 1.0)  # after a failed round trip
 _IDLE_LINGER: Final = 10.0  # seconds the keeper task outlives its last hold
 _MIN_BOUND: Final = 0.05  # the shortest time a renewal round trip is given
+# Renewals due within this much of the batch's moment go with it: beats of different periods
+# that meet (lease 3 s and 30 s) are equal only up to floating-point rounding.
+_SLACK: Final = 0.001
+_PHASE_RANGE: Final = 3600.0  # seconds; beats of whole-multiple periods still coincide
 
 
 def _due_at(hold: Hold) -> float:
@@ -52,11 +73,20 @@ def _expiry(hold: Hold) -> float:
     return hold.expires_at
 
 
-def _ripe(hold: Hold, now: float) -> bool:
-    """Whether ``hold`` may be renewed now with a batch due anyway: it is at least halfway
-    through its renewal period (renewing it early keeps holds in step, so that they share
-    round trips — two batches a period apart merge into one)."""
-    return hold.wants_renewal and (hold.confirm or hold.renew_at - hold.lease / 6 <= now)
+def _even_chunks(holds: list[Hold]) -> list[list[Hold]]:
+    """``holds`` cut, in order, into the fewest pieces of at most :data:`BATCH`, of sizes that
+    differ by one at most (1,500 due: two of 750, not 1,000 and 500)."""
+    if not holds:
+        return []
+    count = -(-len(holds) // BATCH)
+    size, larger = divmod(len(holds), count)
+    chunks: list[list[Hold]] = []
+    start = 0
+    for index in range(count):
+        end = start + size + (1 if index >= count - larger else 0)
+        chunks.append(holds[start:end])
+        start = end
+    return chunks
 
 
 @final
@@ -76,6 +106,9 @@ class LeaseKeeper:
         self._wake_at: float | None = None  # when the sleeping keeper wakes by itself
         self._failures = 0
         self._closed = False  # a cancellation swallowed by redis-py must not keep it running
+        # Where this keeper's beats fall (module docstring). Not a secret: it only spreads the
+        # renewals of different processes over time.
+        self._phase = random.uniform(0.0, _PHASE_RANGE)
         self.renewal_round_trips = 0
         self.renewals = 0
 
@@ -91,12 +124,14 @@ class LeaseKeeper:
         """Start keeping ``hold`` (renewing it, confirming it, or watching it expire)."""
         self._holds.add(hold)
         if self._task is None or self._task.done():
+            self._on_beat(hold, hold.renew_at)
             self._task = self._spawn(self._run())
         else:
             self.reschedule(hold)
 
     def reschedule(self, hold: Hold) -> None:
-        """``hold``'s schedule changed (a shorter lease, a confirmation): wake up in time."""
+        """``hold``'s schedule changed (a new lease, a confirmation): wake up in time."""
+        self._on_beat(hold, hold.renew_at)
         if self._wake_at is not None and _due_at(hold) < self._wake_at:
             self._wake_at = None
             if self._kick is not None and not self._kick.done():
@@ -105,6 +140,39 @@ class LeaseKeeper:
     def discard(self, hold: Hold) -> None:
         """Stop keeping ``hold`` (released or lost)."""
         self._holds.discard(hold)
+
+    def _on_beat(self, hold: Hold, latest: float) -> None:
+        """Schedule ``hold``'s next renewal on the last beat of its period at or before
+        ``latest`` (and never after ``hold.renew_at``). A hold to confirm, or not renewed,
+        keeps its time."""
+        if hold.confirm or not hold.auto_renew:
+            return
+        period = hold.lease / 3
+        beat = self._phase + math.floor((latest - self._phase) / period) * period
+        hold.renew_at = min(hold.renew_at, beat)
+
+    def _node(self, hold: Hold) -> Hashable:
+        """The node that serves ``hold`` (a lock's keys all hash to its name's slot)."""
+        try:
+            return self._topology.node_of(hold.name)  # type: ignore[no-any-return]
+        except LockError:
+            return None
+
+    def _batches(self, due: list[Hold]) -> list[list[Hold]]:
+        """``due`` in batches for one round trip per node each: per node, soonest expiry first
+        (a round trip is bounded by its batch's earliest expiry, so holds close to the end of
+        their lease never shorten the others' bound), in the fewest pieces of equal size."""
+        by_node: dict[Hashable, list[Hold]] = {}
+        for hold in due:
+            by_node.setdefault(self._node(hold), []).append(hold)
+        pieces = [_even_chunks(sorted(holds, key=_expiry)) for holds in by_node.values()]
+        if len(pieces) == 1:
+            return pieces[0]
+        batches: list[list[Hold]] = [[] for _ in range(max(len(chunks) for chunks in pieces))]
+        for chunks in pieces:
+            for batch, chunk in zip(batches, chunks, strict=False):
+                batch.extend(chunk)
+        return batches
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -125,22 +193,26 @@ class LeaseKeeper:
                     return
             now = loop.time()
             next_at = math.inf
+            due: list[Hold] = []
             for hold in list(self._holds):
                 if not hold.live:
                     self._holds.discard(hold)
-                elif not hold.wants_renewal and hold.expires_at <= now:
+                elif hold.wants_renewal:
+                    if hold.renew_at <= now + _SLACK:
+                        due.append(hold)
+                    else:
+                        next_at = min(next_at, hold.renew_at)
+                elif hold.expires_at <= now:
                     self._holds.discard(hold)
                     hold.mark_lost(hold.expiry_reason)
                 else:
-                    next_at = min(next_at, _due_at(hold))
-            if next_at <= now:
-                # Soonest expiry first: a round trip is bounded by its batch's earliest expiry,
-                # so holds close to the end of their lease never shorten the others' bound.
-                due = sorted(
-                    (hold for hold in self._holds if _ripe(hold, now)), key=_expiry
-                )
-                for start in range(0, len(due), BATCH):
-                    await self._renew(due[start : start + BATCH])
+                    next_at = min(next_at, hold.expires_at)
+            if due:
+                for batch in self._batches(due):
+                    # A step of the loop per pipeline built, and per answer judged: 10,000
+                    # renewals never hold the event loop for more than one pipeline's work.
+                    await asyncio.sleep(0)
+                    await self._renew(batch)
                 continue
             if next_at == math.inf:
                 continue
@@ -150,6 +222,11 @@ class LeaseKeeper:
             self._wake_at = None
 
     async def _renew(self, due: list[Hold]) -> None:
+        # Earlier round trips of the batch took time: a hold released or lost meanwhile is
+        # not renewed.
+        due = [hold for hold in due if hold.live and hold.wants_renewal and hold in self._holds]
+        if not due:
+            return
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
         topology = self._topology
@@ -197,6 +274,9 @@ class LeaseKeeper:
             self.renewals += 1
             if not crossed:
                 hold.renewed(sent_at)
+                # Onto the beat: a renewal sent up to _SLACK before its beat still counts as
+                # that beat's (else the next one would be due on the same beat again).
+                self._on_beat(hold, sent_at + hold.lease / 3 + _SLACK)
         elif hold.state is HoldState.RELEASING:
             # The task's release ran first (a hand-over's confirmation or a renewal in flight
             # as it released): not a loss — the release's own answer settles the hold. Nothing

@@ -61,13 +61,18 @@ local function record_release(meta, token, owner, shared)
 end
 
 -- Owners that gave up (a cancelled or timed-out acquisition, a task that ended holding the
--- lock) are remembered in `done`, a ZSET of the most recent DONE_KEEP such owners: an attempt
--- of theirs that reaches the server late (another connection, a slow network) is refused.
-local DONE_KEEP = 64
+-- lock, a failed RedLock round) are remembered in `done`, a ZSET scored by server time (µs):
+-- an attempt of theirs that reaches the server late (a client retrying after a lost reply, a
+-- slow network) is refused. Each is kept for AUX_TAIL_MS, as long as any trace a re-sent
+-- command needs; DONE_CAP bounds the set under a storm of give-ups on one name (the oldest go
+-- first). It used to keep the last 64 only: a burst of give-ups on one name — contenders
+-- timing out, RedLock rounds failing — forgot a fence while its attempt could still land.
+local DONE_CAP = 1024
 
 local function mark_done(done, owner, now)
     redis.call('ZADD', done, now, owner)
-    redis.call('ZREMRANGEBYRANK', done, 0, -(DONE_KEEP + 1))
+    redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. int(now - AUX_TAIL_MS * 1000))
+    redis.call('ZREMRANGEBYRANK', done, 0, -(DONE_CAP + 1))
     keep(done, AUX_TAIL_MS)
 end
 
@@ -263,6 +268,7 @@ local function rw_state(lock, now_ms)
             local expiry = tonumber(string.match(value, '^(%d+)'))
             if expiry and expiry >= now_ms then
                 state.readers = state.readers + 1
+                state.first_end = math.min(state.first_end or expiry, expiry)
             else
                 redis.call('HDEL', lock, field)
             end
@@ -273,6 +279,8 @@ local function rw_state(lock, now_ms)
     if state.writer and not (state.expiry and state.expiry >= now_ms) then
         redis.call('HDEL', lock, 'w', 'wt', 'wx', 'we')
         state.writer = nil
+    elseif state.writer then
+        state.first_end = math.min(state.first_end or state.expiry, state.expiry)
     end
     return state
 end

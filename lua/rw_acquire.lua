@@ -18,8 +18,9 @@
 --          allowed whatever else waits
 -- returns  {1, token, 1, ttl}  ARGV[1] holds this side (taken now, handed over while it
 --                              waited, or by an earlier run of this very call)
---          {0, at, 0, ttl}     it cannot be taken now; ttl: when the current holds end at
---                              the latest (-1: unknown); at: as in lock_acquire.lua
+--          {0, at, 0, ttl}     it cannot be taken now; ttl: when the first of the current
+--                              holds ends unless renewed — a dead holder's may end then,
+--                              unannounced (-1: unknown); at: as in lock_acquire.lua
 --                              (also when nothing is held but a reader must let a registered
 --                              writer go first: the front of the line is then handed the lock
 --                              now — "g:..." announced, see prelude.lua, rw_admit — and ttl is
@@ -91,7 +92,12 @@ if not state.writer and state.readers == 0 then
     end
 end
 
+-- The first of the holds in the way may end unannounced (expiry publishes nothing): a waiter
+-- re-checks then, not when the longest lease ends (the key's TTL covers the longest hold).
 local ttl = redis.call('PTTL', lock)
+if state.first_end then
+    ttl = math.max(1, state.first_end - now_ms)
+end
 if mode == 'wait' then
     register(meta, queue, me, now, lease, claim, grace, ttl, side)
     return {0, now, 0, ttl}

@@ -38,6 +38,8 @@ from redis.exceptions import (
     SlotNotCoveredError,
     TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
 from ._runtime import ClientRef, transient_error
@@ -54,6 +56,7 @@ _CLUSTER_TRANSIENT: Final = (
     SlotNotCoveredError,
 )
 _REDIRECTED: Final = (AskError, MovedError)
+_NODE_DOWN: Final = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
 
 
 @final
@@ -110,6 +113,16 @@ class Cluster(ClientRef):
                 replies = await asyncio.wait_for(pipe.execute(raise_on_error=False), bound)
             except Exception as exc:  # per call: any failure is that call's reply
                 replies = [exc] * len(indexes)
+                if isinstance(exc, _NODE_DOWN):
+                    # The node may be dead and its replica promoted: one call through the
+                    # cluster client lets redis-py find out and refresh its slot map, so the
+                    # keeper's next try (soon: the others are transient errors) reaches the
+                    # new primary. Without it, renewals went on trying the dead node until
+                    # every lease on it ended.
+                    try:
+                        replies[0] = await asyncio.wait_for(calls[indexes[0]].run(client), bound)
+                    except Exception as again:
+                        replies[0] = again
             for index, reply in zip(indexes, replies, strict=True):
                 if isinstance(reply, _REDIRECTED):
                     # The slot moved: the cluster client follows the redirection (and

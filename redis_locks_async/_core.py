@@ -78,7 +78,9 @@ _T = TypeVar("_T")
 
 REGISTRATION_GRACE: Final = 2.0  # seconds a registration outlives the holder's lease (+ claim)
 TRY_BOUND: Final = 1.0  # seconds a single attempt (blocking=False) waits for its reply
-CLEANUP_GRACE: Final = 0.5  # seconds a waiter that gives up waits for its clean-up
+# Seconds a waiter that gives up waits for its clean-up: a round trip on a healthy server;
+# when the server stopped answering mid-wait, this is how late a timeout returns (was 0.5 s).
+CLEANUP_GRACE: Final = 0.1
 RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
@@ -384,6 +386,22 @@ def _maybe_shortened(runtime: Runtime, hold: Hold, sent_at: float, length: float
         runtime.keeper.reschedule(hold)
 
 
+def _renewed_by(
+    runtime: Runtime, hold: Hold, sent_at: float, length: float, judged: object
+) -> None:
+    """A command sent at ``sent_at`` set ``hold``'s server lease to ``length`` (an extend, a
+    re-entry). ``judged``: the keeper's last renewal that may have run, as it was when the
+    command was sent. A renewal the keeper judged since, with another length, was in flight
+    with the command: the server ran the two in an unknown order — it may have run the
+    renewal last, and kept its length — and the keeper, judging it before this command's
+    answer, took it for an ordinary renewal. Count on the earlier of the two ends, and have
+    the keeper renew with the new length at once."""
+    hold.renewed(sent_at, length)
+    if hold.judged is not judged and hold.judged is not None and hold.judged[1] != length:
+        hold.crossed(*hold.judged)
+    runtime.keeper.reschedule(hold)
+
+
 def _release_deadline(hold: Hold) -> float:
     """How long a release may wait for its answer: until the lease would end (then there is
     nothing left to release), and at least a moment."""
@@ -566,9 +584,11 @@ class LockBase:
         )
 
     def owned(self) -> bool:
-        """Whether the calling task holds this lock (a local view; no I/O)."""
+        """Whether the calling task holds this lock (a local view; no I/O). False once the
+        task has given its hold up — also while that release is still being confirmed in the
+        background (a cancelled ``release()``, a cancel scope that ended an ``async with``)."""
         hold = self._local_hold()
-        return hold is not None and hold.live
+        return hold is not None and hold.state is HoldState.HELD
 
     @property
     def current_lease(self) -> Lease | None:
@@ -645,7 +665,9 @@ class LockBase:
         runtime = self._runtime()
         policy = self._policy
         hold = runtime.holds.get((policy.hold_key, task))
-        if hold is not None and policy.reentrant:
+        if hold is not None and policy.reentrant and hold.state is not HoldState.LOST:
+            # (A hold whose loss was signalled is not re-entered: this is a fresh acquisition,
+            # and the lost hold waits underneath it for its own release.)
             held = await self._reenter(runtime, hold)
             if held is not None:
                 return held
@@ -681,8 +703,10 @@ class LockBase:
         wait ends at the caller's ``deadline`` too (at least about a second after the call)."""
         hold = runtime.holds[(self._policy.hold_key, task)]
         wanted, timeout = self._replicas, self._replica_timeout
+        loop = runtime.loop
         if deadline is not None:
-            timeout = max(0.001, min(timeout, deadline - runtime.loop.time()))
+            timeout = max(0.001, min(timeout, deadline - loop.time()))
+        ends = loop.time() + timeout
         call = self._policy.renew(hold.owner, hold.lease)
         waits = ("WAITAOF", 0, wanted) if self._replica_fsync else ("WAIT", wanted)
         problem = ""
@@ -690,11 +714,13 @@ class LockBase:
         before = _cancelling(current)
         try:
             for _ in range(2):  # a second time if the server did not know the renewal script
+                # The second time waits only what is left: the first WAIT ran all the same.
+                left = max(0.001, ends - loop.time())
                 pipe = runtime.topology.pipeline_for(call.keys[0])
                 pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-                pipe.execute_command(*waits, to_ms(timeout))
+                pipe.execute_command(*waits, to_ms(left))
                 renewed, acked = await asyncio.wait_for(
-                    pipe.execute(raise_on_error=False), timeout + RELEASE_PATIENCE
+                    pipe.execute(raise_on_error=False), left + RELEASE_PATIENCE
                 )
                 if not isinstance(renewed, NoScriptError):
                     break
@@ -713,11 +739,12 @@ class LockBase:
                 if hold.replicas < wanted:
                     problem = (
                         f"only {hold.replicas} of {wanted} replicas acknowledged it within "
-                        f"{timeout} s"
+                        f"{timeout:.3g} s"
                     )
         except BaseException as exc:
-            self._give_up(runtime, hold)
+            undo = self._give_up(runtime, hold)
             if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
+                await _settle_undo(undo)
                 raise LockError(
                     f"cannot acquire {self._name!r}: the replica sync failed ({exc!r}); the lock "
                     "was given up",
@@ -725,18 +752,25 @@ class LockBase:
                 ) from exc
             raise
         if problem:
-            self._give_up(runtime, hold)
+            await _settle_undo(self._give_up(runtime, hold))
             raise LockError(
                 f"cannot acquire {self._name!r}: {problem}; the lock was given up",
                 name=self._name,
             )
 
-    def _give_up(self, runtime: Runtime, hold: Hold) -> None:
-        """Drop a hold the caller will not get, and abandon it on the server (fenced)."""
-        if hold.state is HoldState.HELD:
-            self._forget(runtime, hold)
-            hold.state = HoldState.RELEASED
-            self._undo(runtime, self._abandon(hold.owner))
+    def _give_up(self, runtime: Runtime, hold: Hold) -> asyncio.Task[None] | None:
+        """Drop a hold the caller will not get, and abandon it on the server (fenced): the
+        abandon's background task, if one was started."""
+        if hold.state is not HoldState.HELD:
+            return None
+        return self._drop(runtime, hold)
+
+    def _drop(self, runtime: Runtime, hold: Hold) -> asyncio.Task[None]:
+        """End ``hold`` here (released, forgotten) and abandon it on the server in the
+        background (fenced): the abandon's task."""
+        self._forget(runtime, hold)
+        hold.state = HoldState.RELEASED
+        return self._undo(runtime, self._abandon(hold.owner))
 
     async def release(self) -> None:
         """Release one hold of the calling task (the last one frees or hands over the lock).
@@ -761,6 +795,7 @@ class LockBase:
         self._check_live(runtime, hold, "extend")
         loop = runtime.loop
         sent_at = loop.time()
+        judged = hold.judged
         if hold.renew_until is not None and sent_at + length > hold.renew_until:
             raise LockError(
                 f"cannot extend {self._name!r} by {length} s: it would be held past its "
@@ -780,15 +815,13 @@ class LockBase:
             raise
         if int(renewed) != 1:  # type: ignore[call-overload]
             self._lose(runtime, hold, "extend found the lock expired or held by another owner")
-            self._forget(runtime, hold)
             raise LockLostError(
                 f"cannot extend {self._name!r}: the lease was lost ({hold.lost_reason})",
                 name=self._name,
             )
         self._check_in_time(runtime, hold, sent_at, length, "extend")
         if hold.live:
-            hold.renewed(sent_at, length)
-            runtime.keeper.reschedule(hold)
+            _renewed_by(runtime, hold, sent_at, length, judged)
 
     def transfer(self, task: asyncio.Task[Any]) -> Lease:
         """Hand the calling task's hold to ``task`` (no I/O): ``task`` must release it.
@@ -812,7 +845,8 @@ class LockBase:
                 f"cannot transfer {self._name!r}: the target task has already ended",
                 name=self._name,
             )
-        if self._policy.reentrant and (hold.key, task) in runtime.holds:
+        theirs = runtime.holds.get((hold.key, task))
+        if self._policy.reentrant and theirs is not None and theirs.state is not HoldState.LOST:
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task already holds it",
                 name=self._name,
@@ -1293,21 +1327,28 @@ class LockBase:
                     "task %s ended while holding %r; releasing it", task.get_name(), self._name
                 )
             if hold.live:
-                self._forget(runtime, hold)
-                hold.state = HoldState.RELEASED
-                self._undo(runtime, self._abandon(hold.owner))
+                self._drop(runtime, hold)
             else:
                 self._forget_lost(runtime, hold)
+            _end_the_rest(runtime, hold.key, task)
 
         hold.task_callback = task_ended
         task.add_done_callback(task_ended)
 
     def _forget(self, runtime: Runtime, hold: Hold) -> None:
-        if runtime.holds.get((hold.key, hold.task)) is hold:
+        top = runtime.holds.get((hold.key, hold.task))
+        if top is hold:
             if hold.outer is not None:
                 runtime.holds[(hold.key, hold.task)] = hold.outer
             else:
                 del runtime.holds[(hold.key, hold.task)]
+        else:
+            # Not on top (a permit released while the task took another): taken out of the
+            # task's stack, or the one above would bring it back when it ends.
+            while top is not None and top.outer is not hold:
+                top = top.outer
+            if top is not None:
+                top.outer = hold.outer
         runtime.keeper.discard(hold)
         if hold.task_callback is not None:
             hold.task.remove_done_callback(hold.task_callback)
@@ -1331,7 +1372,13 @@ class LockBase:
         while hold.pending is not None:
             await asyncio.shield(hold.pending)
 
-    def _check_live(self, runtime: Runtime, hold: Hold, action: str) -> None:
+    def _check_live(
+        self, runtime: Runtime, hold: Hold, action: str, entry: str | None = None
+    ) -> None:
+        """Raise unless ``hold`` is this task's and live. A lost hold stays the task's until
+        it is released once per acquire, each release raising :class:`LockLostError` (an
+        ``extend()`` or a re-entry that reports the loss does not end it: the release in the
+        caller's ``finally`` must say "lost" too, not "not held")."""
         held = runtime.holds.get((hold.key, hold.task)) is hold
         if not held and hold.state is not HoldState.LOST:
             raise LockNotOwnedError(
@@ -1339,8 +1386,11 @@ class LockBase:
                 name=self._name,
             )
         if hold.state is HoldState.LOST:
-            if held:
-                self._forget_lost(runtime, hold)
+            if held and action == "release":
+                if entry is not None and entry in hold.entries:
+                    hold.entries.remove(entry)  # an inner hold of it: the outer one remains
+                else:
+                    self._forget_lost(runtime, hold)
             raise LockLostError(
                 f"cannot {action} {self._name!r}: the lease was lost ({hold.lost_reason})",
                 name=self._name,
@@ -1356,7 +1406,7 @@ class LockBase:
         if sent_at + length - self._policy.margin(length) > runtime.loop.time():
             return
         self._lose(runtime, hold, f"the {action} was confirmed only after the lease it set ended")
-        self._forget_lost(runtime, hold)
+        self._abandon_lost(runtime, hold)  # the hold stays the task's, lost
         raise LockLostError(
             f"cannot {action} {self._name!r}: the lease was lost ({hold.lost_reason})",
             name=self._name,
@@ -1367,6 +1417,11 @@ class LockBase:
         because its renewals went unanswered may still be alive there): fenced, harmless if
         another owner holds the lock now."""
         self._forget(runtime, hold)
+        self._abandon_lost(runtime, hold)
+
+    def _abandon_lost(self, runtime: Runtime, hold: Hold) -> None:
+        """Give up on the server what may be left of the lost ``hold`` (fenced), unless the
+        runtime is closed."""
         if not runtime.closed:
             self._undo(runtime, self._abandon(hold.owner))
 
@@ -1380,6 +1435,7 @@ class LockBase:
         loop = runtime.loop
         entry = hold.new_entry()
         sent_at = loop.time()
+        judged = hold.judged
         sharded = runtime.topology.sharded
         owner = hold.owner
         length = self._lease
@@ -1404,7 +1460,6 @@ class LockBase:
         self._check_reply(reply, "re-enter")
         if reply.status != 1:
             self._lose(runtime, hold, "re-entry found the lock expired or held by another owner")
-            self._forget(runtime, hold)
             raise LockLostError(
                 f"cannot re-enter {self._name!r}: the lease was lost", name=self._name
             )
@@ -1416,15 +1471,14 @@ class LockBase:
         self._check_in_time(runtime, hold, sent_at, length, "re-enter")
         hold.entries.append(entry)
         self._counters.reentries += 1
-        hold.renewed(sent_at, length)
-        runtime.keeper.reschedule(hold)
+        _renewed_by(runtime, hold, sent_at, length, judged)
         return True
 
     # -- release -----------------------------------------------------------------------------
 
     async def _release(self, runtime: Runtime, hold: Hold, entry: str | None) -> None:
         await self._settled(hold)
-        self._check_live(runtime, hold, "release")
+        self._check_live(runtime, hold, "release", entry)
         if entry is not None and entry not in hold.entries:
             return  # that level was already released
         if not _DIRECT:
@@ -1468,9 +1522,9 @@ class LockBase:
             ):
                 # The task ended while this release was in flight: nobody releases the rest.
                 logger.warning("task ended while releasing %r; releasing it", self._name)
-                self._forget(runtime, hold)
-                hold.state = HoldState.RELEASED
-                self._undo(runtime, self._abandon(hold.owner))
+                self._drop(runtime, hold)
+            if hold.task.done():
+                _end_the_rest(runtime, hold.key, hold.task)
 
     async def _release_entry(self, runtime: Runtime, hold: Hold, entry: str) -> None:
         """Drop one re-entry, retrying transient errors while the lease lasts: the outer hold
@@ -1541,6 +1595,12 @@ class LockBase:
                 f"{error}; it is no longer renewed and frees itself when its lease ends",
                 name=self._name,
             ) from exc
+        except Exception:
+            # Not a server's error (a client library's bug, a wrapper's exception; the caller
+            # sees it): the hold ends here all the same — left RELEASING, it stayed owned
+            # until its lease ended — and the lock is freed in the background.
+            self._drop(runtime, hold)
+            raise
         if status == -1 and resent:
             logger.debug("re-sent release of %r found it already free", self._name)
             status = 0
@@ -1612,6 +1672,23 @@ class _Guarded:
             raise LockLostError(
                 f"lease on {hold.name!r} lost: {hold.lost_reason}", name=hold.name
             ) from exc
+
+
+def _end_the_rest(runtime: Runtime, key: Hashable, task: asyncio.Task[Any]) -> None:
+    """The ended ``task``'s hold now on top for ``key`` (a Semaphore's earlier permit, a lost
+    hold under a fresh one) is ended by its own callback: that callback ran when the task
+    ended and left it, as it was not on top then."""
+    top = runtime.holds.get((key, task))
+    if top is not None and top.task_callback is not None:
+        top.task_callback(task)
+
+
+async def _settle_undo(undo: asyncio.Task[None] | None) -> None:
+    """Wait (a while at most) for a give-up sent in the background: an acquisition that
+    fails "after releasing" (SPEC §4) must not leave the lock visibly held as it reports the
+    failure. It goes on retrying past this wait if the server is slow to answer."""
+    if undo is not None and not undo.done():
+        await asyncio.wait((undo,), timeout=RELEASE_PATIENCE)
 
 
 def _rearm(hold: Hold, task: asyncio.Task[Any]) -> None:

@@ -43,9 +43,13 @@ unreachable — after a random delay (jittered retry).
 or a re-entry only within the validity of the lease it sets, else the hold is lost); "lost"
 when more than N - quorum masters say the owner no longer holds the key; anything in between
 (masters unreachable) is a transient :class:`QuorumError`, which the core retries while the
-lease lasts, exactly as it retries a single server's connection errors. The lease keeper's
-pipeline becomes one pipeline per master per tick, folded as soon as a quorum decided each
-renewal in it (a stopped master is not waited for).
+lease lasts, exactly as it retries a single server's connection errors. A release returns once
+a quorum released; when its last master is in (or timed out), every master that did not answer
+"released" is swept — one that was merely slower than the quorum costs nothing more — and so is
+one that answered while the hold's own attempt there was still in flight (a retrying client
+may re-send it).
+The keeper's pipeline becomes one pipeline per master per tick, folded as soon as a quorum
+decided each renewal in it (a stopped master is not waited for).
 
 **Waiting**: the hub of a ``FanOut`` runtime (:class:`MultiHub`) keeps one
 :class:`~._notify.SubscriptionHub` per master delivering into one parking lot per lock, so a
@@ -58,13 +62,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import random
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any, Final, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
 from ._keys import LockKeys
@@ -94,6 +99,8 @@ _SWEEP_BATCH: Final = 500  # abandons per clean-up pipeline
 INSPECT_TIMEOUT: Final = 0.5  # seconds a master's reply is waited for outside a lock's rounds
 _PENDING: Final = object()
 
+logger = logging.getLogger("redis_locks_async")
+
 _ROLES: Final[dict[str, tuple[Script, str]]] = {
     LOCK_ACQUIRE.sha: (LOCK_ACQUIRE, "attempt"),
     LOCK_REENTER.sha: (LOCK_REENTER, "reenter"),
@@ -105,6 +112,11 @@ _ROLES: Final[dict[str, tuple[Script, str]]] = {
 class QuorumError(RedisConnectionError):
     """Too few masters answered to decide either way (transient: retried like a connection
     error of one server)."""
+
+    #: Some master had no free connection (its pool at ``max_connections``: nothing was sent
+    #: there). The lease keeper then tries again within milliseconds, as on one server,
+    #: instead of backing off as after a failed master.
+    pool_exhausted: bool = False
 
 
 def drift(lease: float) -> float:
@@ -124,6 +136,13 @@ def _status(reply: object) -> int | None:
     return None
 
 
+def _type_name(reply: object) -> str | None:
+    """A ``TYPE`` reply as text (``None``: an error or no reply)."""
+    if isinstance(reply, bytes):
+        return reply.decode()
+    return reply if isinstance(reply, str) else None
+
+
 def _took(reply: object) -> bool:
     return _status(reply) == 1
 
@@ -132,13 +151,16 @@ def _took(reply: object) -> bool:
 class _Owner:
     """What one acquisition (an owner id of the core) reached on the masters."""
 
-    __slots__ = ("channel", "keys", "lease", "node_timeout", "open", "value")
+    __slots__ = ("channel", "flying", "keys", "lease", "node_timeout", "open", "value")
 
     def __init__(self, keys: tuple[str | bytes, ...], node_timeout: float) -> None:
         self.keys = keys  # the lock's script keys (the clean-ups address them too)
         self.channel = LockKeys.for_name(str(keys[0]), LAYOUT).channel
         self.value: str | None = None  # the round's value that holds the quorum
         self.open: set[str] = set()  # values that may be on some master (not swept yet)
+        # The masters whose attempt of ``value``'s round may still be in flight (no reply, no
+        # time-out yet): a client that retries after a lost reply may re-send it there.
+        self.flying: set[int] = set()
         # The longest lease (s) any command of this acquisition set on a master — its attempt,
         # and every renewal, extend or re-entry since (through any RedLock object): a master's
         # copy of a value has surely expired two of these after the value was given up.
@@ -193,7 +215,14 @@ class FanOut:
     ) -> object:
         """One master's reply, or the error (a timeout included) in its place."""
         try:
-            return await asyncio.wait_for(command(master), timeout)
+            return await asyncio.wait_for(self._reply(master, command), timeout)
+        except asyncio.TimeoutError as exc:
+            return exc
+
+    async def _reply(self, master: Any, command: Callable[[Any], Awaitable[object]]) -> object:
+        """One master's reply, or the error in its place (the round bounds its time)."""
+        try:
+            return await command(master)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             return exc
 
@@ -202,31 +231,66 @@ class FanOut:
         command: Callable[[Any], Awaitable[object]],
         yes: Callable[[object], bool],
         timeout: float,
+        settled: Callable[[list[object]], None] | None = None,
+        answered: Callable[[int], None] | None = None,
     ) -> tuple[bool, list[object]]:
         """Send ``command`` to every master, each reply waited for at most ``timeout`` s;
         return as soon as a quorum answered ``yes`` or a quorum has become impossible, with
-        the replies so far (``_PENDING`` for the rest)."""
-        count = len(self.masters)
-        tasks = [self._spawn(self._one(master, command, timeout)) for master in self.masters]
-        index = {task: i for i, task in enumerate(tasks)}
+        the replies so far (``_PENDING`` for the rest). ``settled`` is called with every
+        master's reply (or error) once the last one is in, the round's stragglers included;
+        ``answered`` with each master's index as its reply (or error) is in.
+
+        The hot path of every ``RedLock`` call, so it is lean: one task per master, whose
+        completion callback counts its reply, and one timer for the whole round that cancels
+        the masters still silent at ``timeout`` (their reply: a ``TimeoutError``). A
+        ``wait_for`` per master cost a second task each on Python <= 3.11, and an
+        ``asyncio.wait`` loop re-registered on every pending task per reply."""
+        loop = asyncio.get_running_loop()
+        count, quorum = len(self.masters), self.quorum
         results: list[object] = [_PENDING] * count
-        pending: set[asyncio.Task[Any]] = set(tasks)
-        ayes = nays = 0
-        while True:
-            if ayes >= self.quorum:
-                return True, results
-            if nays > count - self.quorum:
-                return False, results
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+        decided: asyncio.Future[bool] = loop.create_future()
+        tally = [0, 0, 0]  # yes, no, answered
+        expired = False
+
+        def settle(index: int, task: asyncio.Task[object]) -> None:
+            if task.cancelled():
                 result: object = (
-                    LockError("the redis client was closed") if task.cancelled() else task.result()
+                    asyncio.TimeoutError(f"no reply within {timeout} s")
+                    if expired
+                    else LockError("the redis client was closed")
                 )
-                results[index[task]] = result
-                if yes(result):
-                    ayes += 1
-                else:
-                    nays += 1
+            else:
+                try:
+                    result = task.result()
+                except Exception as exc:  # not a server's error: the caller must see it
+                    if not decided.done():
+                        decided.set_exception(exc)
+                    result = exc
+            results[index] = result
+            if answered is not None:
+                answered(index)
+            tally[0 if yes(result) else 1] += 1
+            tally[2] += 1
+            if tally[2] == count:
+                timer.cancel()
+                if settled is not None:
+                    settled(results)
+            if not decided.done() and (tally[0] >= quorum or tally[1] > count - quorum):
+                decided.set_result(tally[0] >= quorum)
+
+        tasks = [self._spawn(self._reply(master, command)) for master in self.masters]
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            for task in tasks:
+                task.cancel()
+
+        timer = loop.call_later(timeout, expire)
+        for index, task in enumerate(tasks):
+            task.add_done_callback(functools.partial(settle, index))
+        held = await decided
+        return held, list(results)
 
     def _owner(self, owner: str, keys: tuple[str | bytes, ...], node_timeout: float) -> _Owner:
         state = self._owners.get(owner)
@@ -264,12 +328,19 @@ class FanOut:
         return "none"
 
     async def holds_key(self, key: str, node_timeout: float) -> bool:
-        """Whether ``key`` exists on a quorum of masters (``QuorumError`` if too few answer
-        within ``node_timeout``)."""
-        held, results = await self._round(lambda c: c.exists(key), lambda r: r == 1, node_timeout)
+        """Whether the lock hash ``key`` is on a quorum of masters (``QuorumError`` if too few
+        answer within ``node_timeout``; ``WRONGTYPE`` if so many hold another type under it
+        that no quorum could ever hold the lock)."""
+        held, results = await self._round(
+            lambda c: c.type(key), lambda r: _type_name(r) == "hash", node_timeout
+        )
         if held:
             return True
-        if sum(1 for r in results if r == 0) > len(self.masters) - self.quorum:
+        kinds = [_type_name(r) for r in results]
+        foreign = sum(1 for k in kinds if k not in (None, "none", "hash"))
+        if foreign > len(self.masters) - self.quorum:
+            raise ResponseError("WRONGTYPE the lock's key holds a value of another type")
+        if foreign + kinds.count("none") > len(self.masters) - self.quorum:
             return False
         raise _no_quorum(results, "inspect")
 
@@ -347,12 +418,24 @@ class FanOut:
         state.lengthen(args[1])
         loop = asyncio.get_running_loop()
         started = loop.time()
-        held, results = await self._round(
-            lambda c: script.run(c, keys, (value, *args[1:])), _took, state.node_timeout
-        )
+        flying = set(range(len(self.masters)))
+        try:
+            held, results = await self._round(
+                lambda c: script.run(c, keys, (value, *args[1:])),
+                _took,
+                state.node_timeout,
+                answered=flying.discard,
+            )
+        except Exception:
+            # Not a server's error (the caller sees it): what the other masters took is
+            # nobody's hold. Abandoned everywhere, as after a failed round — else the key
+            # stayed on them until its lease ended, and this state for good.
+            self._sweep(state, owner, value)
+            raise
         validity = lease - (loop.time() - started) - drift(lease)
         if held and validity > 0:
             state.value = value
+            state.flying = flying  # emptied as the round's stragglers come in
             replies = [r for r in results if _took(r)]
             return [
                 1,
@@ -407,29 +490,63 @@ class FanOut:
         if state is None or value is None:
             return [-1, 0]
         wanted = 1 if mode == "entry" else 0
-        done, results = await self._round(
-            lambda c: script.run(c, keys, (value, *args[1:])),
-            lambda r: _status(r) == wanted,
-            state.node_timeout,
-        )
-        if mode == "final":
-            # What did not answer is swept (the key ends by itself at the latest), and so is
-            # what answered "not held": an attempt of this hold still in flight there (a
-            # straggler of its acquire round) would take the key after this release; the
-            # sweep's abandon fences it off, or removes what it took.
-            state.value = None
-            unsure = [i for i, r in enumerate(results) if _status(r) != 0]
+        final = mode == "final"
+        flying = state.flying
+        # The masters that answered this release while the hold's attempt there was still in
+        # flight: a re-sent attempt may take the key again after the release (swept).
+        overtaken: set[int] = set()
+
+        def answered(index: int) -> None:
+            if index in flying:
+                overtaken.add(index)
+
+        def released(results: list[object]) -> None:
+            # Once every master answered or timed out: what did not answer is swept (the key
+            # ends by itself at the latest), and so is what answered "not held": an attempt
+            # of this hold still in flight there (a straggler of its acquire round) would
+            # take the key after this release; the sweep's abandon fences it off, or removes
+            # what it took. Not before the round's stragglers are in: a master that was
+            # merely slower than the quorum (the common case) needs no clean-up.
+            # A master that answered while the attempt of this hold was still in flight there is
+            # swept even if it answered "released": a client that retries after a lost reply
+            # (redis-py's retry) re-sends the attempt, which would take the key again.
+            unsure = [i for i, r in enumerate(results) if _status(r) != 0 or i in overtaken]
             if unsure:
                 self._sweep(state, owner, value, unsure)
             else:
                 state.open.discard(value)
                 self._tidy(owner)
+
+        try:
+            done, results = await self._round(
+                lambda c: script.run(c, keys, (value, *args[1:])),
+                lambda r: _status(r) == wanted,
+                state.node_timeout,
+                released if final else None,
+                answered if final else None,
+            )
+        except Exception:
+            # Not a server's error (the caller sees it): the hold ends here all the same, and
+            # ``released`` sweeps whatever is not released once the last master is in — the
+            # state is dropped then, not kept for good with its value.
+            if final:
+                state.value = None
+                self._tidy(owner)
+            raise
+        if final:
+            state.value = None
+            self._tidy(owner)  # every master may have answered already (``released`` ran)
         if done:
             if mode == "entry":
                 return [1, max(int(r[1]) for r in results if _status(r) == 1)]  # type: ignore[index]
             return [0, 0]
         if sum(1 for r in results if _status(r) == -1) > len(self.masters) - self.quorum:
             return [-1, 0]
+        refused = [r for r in results if isinstance(r, ResponseError) and not transient_error(r)]
+        if len(refused) > len(self.masters) - self.quorum:
+            # A wrong-type key on so many masters that no quorum can answer: the caller's error
+            # (it names the key), not a network's to retry.
+            raise refused[0]
         raise _no_quorum(results, "release")
 
     def _sweep(
@@ -500,9 +617,7 @@ class FanOut:
         while pending and any(self._verdict(replies, s, slots) is None for s in range(slots)):
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                replies[index[task]] = (
-                    LockError("the redis client was closed") if task.cancelled() else task.result()
-                )
+                replies[index[task]] = _outcome(task, self.masters[index[task]])
         return replies
 
     def _verdict(self, per_master: list[object], slot: int, slots: int) -> int | None:
@@ -513,6 +628,21 @@ class FanOut:
         if sum(1 for r in replies if _status(r) == 0) > len(self.masters) - self.quorum:
             return 0
         return None
+
+
+def _outcome(task: asyncio.Task[object], master: Any) -> object:
+    """A renewal pipeline's reply from ``master``, or the error in its place. An exception
+    that is not a server's (a client library's bug, a wrapper's) fails that master alone: the
+    others' quorum still renews — it is logged, not raised, as one master's failure."""
+    if task.cancelled():
+        return LockError("the redis client was closed")
+    exc = task.exception()
+    if exc is None:
+        return task.result()
+    if not isinstance(exc, Exception):
+        raise exc
+    logger.error("renewing on %r failed", master, exc_info=exc)
+    return exc
 
 
 def _slot(per_master: list[object], slot: int, slots: int) -> list[object]:
@@ -646,9 +776,11 @@ def _no_quorum(results: list[object], action: str) -> QuorumError:
     answered = sum(1 for r in results if r is not _PENDING and not isinstance(r, BaseException))
     errors = [repr(r) for r in results if isinstance(r, BaseException)]
     detail = f"; errors: {', '.join(errors[:3])}" if errors else ""
-    return QuorumError(
+    exc = QuorumError(
         f"no quorum to {action}: {answered} of {len(results)} masters answered in time{detail}"
     )
+    exc.pool_exhausted = any(isinstance(r, MaxConnectionsError) for r in results)
+    return exc
 
 
 @final

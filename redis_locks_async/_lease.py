@@ -63,6 +63,7 @@ class Hold:
         "expires_at",
         "fencing_token",
         "guards",
+        "judged",
         "key",
         "lease",
         "loop",
@@ -121,6 +122,9 @@ class Hold:
         self.renew = renew  # (owner, lease) -> the script call that renews the lease
         # max_hold: no renewal may carry the lease past this loop time
         self.renew_until = renew_until
+        # (sent at, lease) of the last keeper renewal that may have run on the server: a
+        # command changing the lease compares it before and after its round trip.
+        self.judged: tuple[float, float] | None = None
         self.state = HoldState.HELD
         self.task = task
         self.task_callback: Callable[[asyncio.Task[Any]], object] | None = None

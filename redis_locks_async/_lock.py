@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Final, final
 
+from redis.exceptions import ResponseError
+
 from ._core import Attempt, LockBase, Policy
 from ._scripts import Call, Script
 from ._validation import to_ms
@@ -61,8 +63,13 @@ class HashLockPolicy(Policy):
         return Call(LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease)))
 
     async def locked(self, client: Any) -> bool:
-        """The lock hash exists."""
-        return bool(await client.exists(self.keys.name))
+        """The lock hash exists (a key of another type under the name is an error: the
+        caller names it)."""
+        kind = await client.type(self.keys.name)
+        text = kind.decode() if isinstance(kind, bytes) else str(kind)
+        if text not in ("none", "hash"):
+            raise ResponseError("WRONGTYPE the lock's key holds a value of another type")
+        return text == "hash"
 
 
 @final

@@ -38,9 +38,12 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
 def new_owner_id() -> str:
     """A fresh, unguessable owner id: this process's tag, then 128 bits (hex; module
     docstring)."""
-    return _tag + hashlib.blake2b(
-        next(_counter).to_bytes(8, "little"), key=_secret, digest_size=16
-    ).hexdigest()
+    return (
+        _tag
+        + hashlib.blake2b(
+            next(_counter).to_bytes(8, "little"), key=_secret, digest_size=16
+        ).hexdigest()
+    )
 
 
 def process_tag() -> str:

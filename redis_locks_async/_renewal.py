@@ -22,7 +22,9 @@ A renewal succeeds only if the owner id still holds the key (a token-checked scr
 held" means the lease is **lost**. A transient error (connection refused, timeout, a demoted
 master) is retried with a growing back-off until the lease's local expiry passes; then the lease
 is lost. Every round trip is bounded by the earliest local expiry in its batch, so a silent
-network never keeps a lease "held" past its end.
+network never keeps a lease "held" past its end. A client whose connection pool is exhausted
+(``max_connections`` reached in a burst of acquisitions) sent nothing: that is no failure, and
+the keeper tries again every 10 ms, as the acquisitions competing with it do.
 
 The keeper also confirms hand-overs (a lock handed to a waiting task is granted a short claim
 window; the confirmation is an ordinary renewal, due at once) and watches leases without
@@ -44,7 +46,7 @@ import random
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, Final, final
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
 from ._errors import LockError
 from ._lease import Hold, HoldState
@@ -55,6 +57,10 @@ logger = logging.getLogger("redis_locks_async")
 
 BATCH: Final = 1000  # renewals per pipeline (one round trip)
 _BACKOFF: Final = (0.1, 0.2, 0.4, 0.8, 1.0)  # after a failed round trip
+# After "no free connection" (the client's pool at ``max_connections``, a burst of acquisitions):
+# nothing was sent and nothing failed, so the keeper tries again soon — as the acquisitions
+# competing with it do — instead of backing off as after an error.
+_POOL_WAIT: Final = 0.01
 _IDLE_LINGER: Final = 10.0  # seconds the keeper task outlives its last hold
 _MIN_BOUND: Final = 0.05  # the shortest time a renewal round trip is given
 # Renewals due within this much of the batch's moment go with it: beats of different periods
@@ -234,7 +240,14 @@ class LeaseKeeper:
         calls = [hold.renew(hold.owner, lease) for hold, lease in zip(due, leases, strict=True)]
         self.renewal_round_trips += 1
         bound = max(_MIN_BOUND, min(hold.expires_at for hold in due) - sent_at)
-        results = await topology.run_batch(calls, bound)
+        try:
+            results = await topology.run_batch(calls, bound)
+        except Exception as exc:
+            # Not a server's error (a client library's bug, a wrapper's exception): it would
+            # end this task, and the holds it keeps would be neither renewed nor ever marked
+            # lost. Their renewals failed for good: they are lost, and told so.
+            logger.error("renewing %d leases failed", len(calls), exc_info=exc)
+            results = [exc] * len(calls)
         now = loop.time()
         failed = False
         reload: dict[str, str] = {}
@@ -256,6 +269,13 @@ class LeaseKeeper:
         the hold's); ``True`` when it failed in a way worth retrying."""
         if not hold.live or hold not in self._holds:
             return False
+        if not isinstance(result, (NoScriptError, MaxConnectionsError)) and (
+            not isinstance(result, BaseException) or self._topology.transient(result)
+        ):
+            # It may have run: an extend or a re-entry in flight meanwhile must not count on
+            # its own lease alone (the server may have run this renewal after it). Not after
+            # "no free connection": nothing was sent.
+            hold.judged = (sent_at, hold.lease if lease is None else lease)
         crossed = lease is not None and lease != hold.lease
         if lease is not None and crossed and not isinstance(result, NoScriptError):
             # A re-entry or an extend changed the hold's lease while this renewal was in
@@ -265,6 +285,10 @@ class LeaseKeeper:
             hold.crossed(sent_at, lease)
         if isinstance(result, NoScriptError):
             hold.renew_at = now  # again right after the reload
+        elif isinstance(result, MaxConnectionsError) or getattr(result, "pool_exhausted", False):
+            # No free connection (on one server, or on some of a RedLock's masters): retried
+            # within milliseconds, not backed off from as from a failing server.
+            self._wait_for_pool(hold, result, now)
         elif isinstance(result, BaseException) and self._topology.transient(result):
             self._retry_or_lose(hold, result, now)
             return True
@@ -290,6 +314,12 @@ class LeaseKeeper:
     def _lose(self, hold: Hold, reason: str) -> None:
         self._holds.discard(hold)
         hold.mark_lost(reason)
+
+    def _wait_for_pool(self, hold: Hold, exc: object, now: float) -> None:
+        if now >= hold.expires_at:
+            self._lose(hold, f"no free connection to renew it until the lease ended: {exc!r}")
+            return
+        hold.renew_at = min(now + _POOL_WAIT, hold.expires_at)
 
     def _retry_or_lose(self, hold: Hold, exc: BaseException, now: float) -> None:
         if now >= hold.expires_at:

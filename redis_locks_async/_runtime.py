@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Coroutine, Hashable, Sequence
+from types import FrameType
 from typing import Any, ClassVar, Final, Protocol, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -171,8 +173,6 @@ def transient_error(exc: BaseException) -> bool:
     )
 
 
-
-
 # -- runtimes ----------------------------------------------------------------------------------
 
 
@@ -261,10 +261,13 @@ class Runtime:
         return len(self._cleanups())
 
     async def drain(self, timeout: float = 5.0) -> None:
-        """Wait for pending cleanups and releases (not the keeper or the listeners)."""
-        pending = self._cleanups()
-        if pending:
-            await asyncio.wait(pending, timeout=timeout)
+        """Wait (at most ``timeout`` s) for pending cleanups and releases (not the keeper or
+        the listeners), also those that finishing ones start (a ``RedLock`` release's
+        stragglers start its clean-ups)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (pending := self._cleanups()) and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(pending, timeout=left)
 
     # -- pub/sub -----------------------------------------------------------------------------
 
@@ -399,6 +402,17 @@ def close_with(client: Any, closer: Callable[[], Coroutine[Any, Any, None]]) -> 
     _hook_close(client)
 
 
+def _internal_reset(caller: FrameType | None) -> bool:
+    """Whether ``aclose()`` was called by redis-py's own cluster command path (a reset of its
+    slot map, after which the client reconnects by itself)."""
+    code = None if caller is None else caller.f_code
+    return (
+        code is not None
+        and code.co_name == "_execute_command"
+        and code.co_filename.replace("\\", "/").endswith("redis/asyncio/cluster.py")
+    )
+
+
 def _hook_close(client: Any) -> None:
     if getattr(client, _HOOKED, False):
         return
@@ -406,6 +420,11 @@ def _hook_close(client: Any) -> None:
     ref = weakref.ref(client)
 
     async def aclose(*args: Any, **kwargs: Any) -> None:
+        if _internal_reset(sys._getframe(1)):
+            # redis-py's RedisCluster "closes" itself to refresh its slot map (CLUSTERDOWN, a
+            # slot not covered, every few MOVED) and goes on serving: not the user's close.
+            await original(*args, **kwargs)
+            return
         target = ref()
         runtime = existing_runtime(target) if target is not None else None
         if runtime is not None:

@@ -175,7 +175,7 @@ class ReadWriteLock:
     deadlock). With ``prefer_writers`` (default) new readers wait while a writer waits.
     """
 
-    __slots__ = ("_name", "read", "write")
+    __slots__ = ("_name", "_read", "_write")
 
     def __init__(
         self,
@@ -207,9 +207,21 @@ class ReadWriteLock:
             "replica_fsync": replica_fsync,
             "max_hold": max_hold,
         }
-        self.read = ReadLock(redis, name, **options)
-        self.write = WriteLock(redis, name, **options)
+        self._read = ReadLock(redis, name, **options)
+        self._write = WriteLock(redis, name, **options)
         self._name = name
+
+    @property
+    def read(self) -> ReadLock:
+        """The read side: a lock object of :class:`Lock`'s shape, held by many tasks at once
+        (each with its own lease) while no writer holds the lock."""
+        return self._read
+
+    @property
+    def write(self) -> WriteLock:
+        """The write side: a lock object of :class:`Lock`'s shape, held by one task while no
+        reader holds the lock (a holder may also take the read side: a downgrade)."""
+        return self._write
 
     @property
     def name(self) -> str:

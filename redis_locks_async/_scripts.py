@@ -119,7 +119,7 @@ def key_text(key: str | bytes) -> str:
 def wrong_type_error(lock_name: str, action: str, key: str | bytes) -> LockError:
     """The error for a key of ``lock_name`` that holds a value of another type."""
     return LockError(
-        f"cannot {action} {lock_name!r}: key {key_text(key)!r} is not a lock of this kind (it "
+        f"cannot {action} {lock_name!r}: key '{key_text(key)}' is not a lock of this kind (it "
         "holds a value of the wrong type, or foreign data); nothing was changed",
         name=lock_name,
     )

@@ -36,6 +36,9 @@ SEM_RELEASE: Final = Script("sem_release.lua")
 SEM_RENEW: Final = Script("sem_renew.lua")
 SEM_ADMIN: Final = Script("sem_admin.lua")
 SCRIPTS: Final = (SEM_ACQUIRE, SEM_RELEASE, SEM_RENEW, SEM_ADMIN)
+# The most permits accepted: the scripts count them with Lua numbers (exact integers below
+# 2**53) and Redis integers; 2**63 and up came back as a negative count.
+MAX_PERMITS: Final = 2**31 - 1
 
 
 def _check_permits(permits: object) -> int:
@@ -43,6 +46,8 @@ def _check_permits(permits: object) -> int:
         raise TypeError(f"permits must be an int, not {type(permits).__name__}")
     if permits < 1:
         raise ValueError(f"permits must be at least 1, got {permits}")
+    if permits > MAX_PERMITS:
+        raise ValueError(f"permits must be at most {MAX_PERMITS}, got {permits}")
     return permits
 
 

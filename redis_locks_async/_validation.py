@@ -12,6 +12,11 @@ from typing import Final
 MIN_LEASE: Final = 0.01
 """The shortest lease accepted, in seconds (leases travel to Redis as whole milliseconds)."""
 
+MAX_LEASE: Final = 10 * 365 * 86400.0
+"""The longest lease (and claim window, replica timeout, max_hold) accepted, in seconds: ten
+years. Longer ones lose their integer form in the scripts' arithmetic (Lua numbers print as
+``1e+17``), which the server refuses after part of a script has run."""
+
 
 def check_name(name: object) -> str:
     """A lock name: a non-empty ``str`` that encodes as UTF-8."""
@@ -36,12 +41,14 @@ def _number(value: object, what: str) -> float:
 
 
 def check_lease(value: object, what: str = "lease") -> float:
-    """A lease: finite seconds, at least :data:`MIN_LEASE`."""
+    """A lease: finite seconds, from :data:`MIN_LEASE` to :data:`MAX_LEASE`."""
     lease = _number(value, what)
     if math.isinf(lease):
         raise ValueError(f"{what} must be finite (an infinite lease could never be recovered)")
     if lease < MIN_LEASE:
         raise ValueError(f"{what} must be at least {MIN_LEASE} s, got {lease!r}")
+    if lease > MAX_LEASE:
+        raise ValueError(f"{what} must be at most {MAX_LEASE:.0f} s (ten years), got {lease!r}")
     return lease
 
 

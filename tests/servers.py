@@ -722,19 +722,32 @@ def running_cluster(
     Each node's cluster bus gets a free port of its own (the default, port + 10000, may be taken
     or beyond 65535); node timeout 2 s; replicas sync without the diskless-sync delay.
     """
-    bus_ports = [free_port() for _ in range(primaries * (1 + replicas_per_primary))]
-    nodes = []
-    for bus_port in bus_ports:
-        args = [
-            "--cluster-enabled", "yes",
-            "--cluster-node-timeout", "2000",
-            "--cluster-port", str(bus_port),
-            "--repl-diskless-sync-delay", "0",
-        ]  # fmt: skip
-        nodes.append(ServerProcess(binary, extra_args=args))
+    bus_ports: list[int] = []
+    nodes: list[ServerProcess] = []
     try:
-        for node in nodes:
-            node.start()
+        for _ in range(primaries * (1 + replicas_per_primary)):
+            # Each bus port is picked right before its node starts, and picked again if it was
+            # taken meanwhile (chosen all up front, one was once taken by a later node's own
+            # port: "Failed listening on port … (cluster), aborting").
+            for attempt in range(3):
+                bus_port = free_port()
+                args = [
+                    "--cluster-enabled", "yes",
+                    "--cluster-node-timeout", "2000",
+                    "--cluster-port", str(bus_port),
+                    "--repl-diskless-sync-delay", "0",
+                ]  # fmt: skip
+                node = ServerProcess(binary, extra_args=args)
+                try:
+                    node.start()
+                except ServerStartError as exc:
+                    node.cleanup()
+                    if attempt == 2 or not any(text in str(exc) for text in _ADDRESS_IN_USE):
+                        raise
+                    continue
+                nodes.append(node)
+                bus_ports.append(bus_port)
+                break
         _form_cluster(nodes, bus_ports, primaries)
         yield nodes
     finally:

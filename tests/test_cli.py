@@ -456,8 +456,12 @@ class TestArguments:
             ["list", "--limit", "many"],
             ["force-unlock"],
             ["force-unlock", "x", "--yes", "extra"],
+            # Regression (contract probe): an empty name was "not held" (exit 1), though the
+            # library refuses it (ValueError): a bad argument.
+            ["inspect", ""],
+            ["force-unlock", "", "--yes"],
         ],
-        ids=lambda argv: " ".join(argv) or "nothing",
+        ids=lambda argv: " ".join(a or repr(a) for a in argv) or "nothing",
     )
     def test_usage_errors_exit_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as exit_info:

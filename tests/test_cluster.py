@@ -11,16 +11,18 @@ through one pipeline per node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
 from tests import _introspect
-from tests.servers import ServerProcess, running_cluster
+from tests.servers import ServerProcess, ServerStartError, _admin, running_cluster
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -170,3 +172,87 @@ async def test_close_leaves_nothing_running(cluster: list[RedisCluster]) -> None
         await asyncio.wait_for(waiter, 10)
     assert not _introspect.background_tasks(b)
     await holder.release()
+
+
+async def test_redis_py_resetting_its_slot_map_is_not_a_close(
+    cluster: list[RedisCluster], cluster_nodes: list[ServerProcess]
+) -> None:
+    """Regression (contract probe of the cluster topology): redis-py's ``RedisCluster`` calls
+    its own ``aclose()`` to refresh its slot map — on ``CLUSTERDOWN`` or an uncovered slot,
+    and on every fifth ``MOVED`` — and goes on serving. The library took that for the user
+    closing the client: every hold on the client dropped (``owned()`` False, the keys left to
+    expire), every waiter failed, and every later ``Lock`` refused the client for good."""
+    client = cluster[0]
+    holder = Lock(client, "reset:held", lease=5.0)
+    assert await holder.acquire(blocking=False)
+    held_on = client.get_node_from_key("reset:held")
+    other = next(
+        key
+        for key in (f"reset:user:{index}" for index in range(1000))
+        if client.get_node_from_key(key) != held_on
+    )
+    slot = str(client.keyslot(other))
+    other_node = client.get_node_from_key(other)
+    assert other_node is not None
+    owner = next(n for n in cluster_nodes if n.port == other_node.port)
+    for node in cluster_nodes:
+        with contextlib.suppress(ServerStartError):
+            _admin(node, "CLUSTER", "DELSLOTS", slot)
+    try:
+        await asyncio.sleep(0.2)
+        with pytest.raises((RedisError, RedisClusterException)):
+            await client.get(other)  # not served: redis-py resets its slot map ("closes")
+    finally:
+        _admin(owner, "CLUSTER", "ADDSLOTS", slot)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await client.get(other)
+            break
+        except (RedisError, RedisClusterException):
+            assert time.monotonic() < deadline, "the slot was not served again"
+            await asyncio.sleep(0.1)
+    lease = holder.current_lease
+    assert holder.owned() and lease is not None and not lease.lost
+    fresh = Lock(client, "reset:fresh")
+    assert await fresh.acquire(blocking=False)
+    await fresh.release()
+    await holder.release()
+
+
+async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
+    server_binary: Path,
+) -> None:
+    """Regression (contract probe of the cluster topology): when the primary of a held lock
+    was killed and its replica promoted, the lease keeper's per-node pipeline kept trying the
+    dead node — only redirections were sent through the cluster client — so redis-py never
+    refreshed its slot map and the hold was signalled lost at its lease end, while the lock
+    was on the new primary all along. A failing node now gets one call through the cluster
+    client, which finds the new primary."""
+    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
+        first = nodes[0]
+        client = RedisCluster(host=first.host, port=first.port)
+        await client.initialize()
+        try:
+            name = "{failover}:orders"
+            served_by = client.get_node_from_key(name)
+            assert served_by is not None
+            index = [node.port for node in nodes].index(int(served_by.port))
+            primary, replica = nodes[index], nodes[index + 3]  # round-robin: its replica
+            lost: list[object] = []
+            lock = Lock(client, name, lease=8.0, on_lost=lost.append)
+            assert await lock.acquire(blocking=False)
+            started = time.monotonic()
+            await asyncio.sleep(0.3)  # replicated
+            primary.kill()
+            while "role:master" not in _admin(replica, "INFO", "replication"):
+                assert time.monotonic() - started < 30, "the replica was not promoted"
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(max(0.0, started + 8.0 + 2.0 - time.monotonic()))  # past a lease
+            lease = lock.current_lease
+            assert not lost and lease is not None and not lease.lost
+            assert lock.owned() and await lock.locked()
+            await lock.release()
+            assert not await lock.locked()
+        finally:
+            await client.aclose()

@@ -110,6 +110,11 @@ def test_demo_stops_everything_on_ctrl_c() -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        # A terminal's foreground job has Ctrl-C's default disposition. A test run started in
+        # the background of a non-interactive shell (``nohup sh -c 'make test' &``) inherits
+        # SIGINT *ignored*, and Python then keeps ignoring it, as it should: the demo was
+        # never told to stop, and this test hung for 15 s.
+        preexec_fn=_ctrl_c_enabled,
     )
     try:
         assert proc.stdout is not None
@@ -123,15 +128,27 @@ def test_demo_stops_everything_on_ctrl_c() -> None:
         url = re.search(r"at (redis://\S+) \(started for this demo\)", header)
         assert url is not None, header
         os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=15)
+        try:
+            output, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            # Say where it hung (its own report of each stage), then clean up.
+            os.killpg(proc.pid, signal.SIGKILL)
+            rest, _ = proc.communicate()
+            pytest.fail(f"the demo did not stop within 15 s of Ctrl-C; it printed:\n{header}{rest}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # a failure here must not leak the pipe into the next test
     assert proc.returncode == 130, header + output
     assert "verdict: interrupted" in output, header + output
     assert not _listening(_port_of(url[1])), "the embedded server outlived the demo"
     assert _group_gone(proc.pid, within=5.0), "a worker process outlived the demo"
+
+
+def _ctrl_c_enabled() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _group_gone(pgid: int, within: float) -> bool:

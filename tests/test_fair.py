@@ -102,7 +102,6 @@ class TestFairLock:
         assert not await client.exists(name)
 
 
-
 class TestWaitingCost:
     async def test_only_the_first_local_waiter_watches_a_claim_window(
         self, client: aioredis.Redis, connect: Connect, name: str

@@ -429,7 +429,6 @@ class TestEveryPrimitive:
         assert await registered(client, name, kind) == 0
         await assert_no_leaked_keys(client, name, kind, lease + claim + REGISTRATION_GRACE)
 
-
     async def test_a_grant_heard_after_its_claim_window_is_no_hold(
         self,
         proxied: aioredis.Redis,
@@ -462,6 +461,7 @@ class TestEveryPrimitive:
         )
         await other.end()
         await late.end()
+
 
 async def _at_least(value: Awaitable[int], least: int) -> bool:
     return await value >= least

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 
 import pytest
 import redis.asyncio as aioredis
@@ -12,6 +13,7 @@ from redis.backoff import NoBackoff
 
 import redis_locks_async
 from redis_locks_async import (
+    FairLock,
     Lease,
     Lock,
     LockError,
@@ -20,6 +22,9 @@ from redis_locks_async import (
     LockState,
     LockTimeout,
 )
+from redis_locks_async._core import Attempt
+from redis_locks_async._lock import LockPolicy
+from redis_locks_async._validation import MAX_LEASE
 from tests import _introspect as introspect
 
 
@@ -468,6 +473,10 @@ class TestBadInput:
             ({"lease": -1}, ValueError),
             ({"lease": math.nan}, ValueError),
             ({"lease": math.inf}, ValueError),
+            # Regression (contract probe): a huge finite lease passed, and the script wrote
+            # the lock before the server refused the expiry (1e+17 ms): held for ever.
+            ({"lease": 1e15}, ValueError),
+            ({"claim_timeout": 1e15}, ValueError),
             ({"lease": "30"}, TypeError),
             ({"lease": True}, TypeError),
             ({"timeout": -0.5}, ValueError),
@@ -488,6 +497,13 @@ class TestBadInput:
     def test_names(self, nowhere: aioredis.Redis, bad: object, error: type) -> None:
         with pytest.raises(error):
             Lock(nowhere, bad)  # type: ignore[arg-type]
+
+    async def test_huge_extend_is_refused_at_the_call(self, nowhere: aioredis.Redis) -> None:
+        with pytest.raises(ValueError, match="at most"):
+            await Lock(nowhere, "n").extend(1e15)
+
+    def test_longest_lease_is_accepted(self, nowhere: aioredis.Redis) -> None:
+        assert Lock(nowhere, "n", lease=MAX_LEASE).lease == MAX_LEASE
 
     async def test_acquire_arguments(self, nowhere: aioredis.Redis) -> None:
         lock = Lock(nowhere, "n")
@@ -512,6 +528,20 @@ class TestBadInput:
         assert info.value.name == name
         assert await client.get(name) == b"not a lock"
 
+    @pytest.mark.parametrize("kind", [Lock, FairLock], ids=lambda k: k.__name__)
+    async def test_locked_names_a_wrong_type_key(
+        self, kind: type[Lock], client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (``locked()`` answered True for a string under the lock's name — it
+        only asked ``EXISTS`` — where every other call raises a ``LockError`` naming the key;
+        found by a contract probe of SPEC §3)."""
+        await client.set(name, "not a lock")
+        with pytest.raises(LockError, match="wrong type") as info:
+            await kind(client, name).locked()
+        assert repr(name) in str(info.value)
+        assert await client.get(name) == b"not a lock"
+        assert not await kind(client, f"{name}:free").locked()
+
     async def test_foreign_hash_is_left_alone(self, client: aioredis.Redis, name: str) -> None:
         await client.hset(name, "field", "value")
         with pytest.raises(LockError, match="is not a lock"):
@@ -519,13 +549,33 @@ class TestBadInput:
         assert await client.hgetall(name) == {b"field": b"value"}
 
     async def test_wrong_type_fence_key(self, client: aioredis.Redis, name: str) -> None:
+        """The auxiliary key is named as ``redis-cli`` and the README spell it: ``{name}\\xffmeta``
+        with one backslash (regression, contract probe: it was escaped twice)."""
         await client.rpush(introspect.aux_keys(name)[0], "x")
-        with pytest.raises(LockError, match=r"\{"):
+        with pytest.raises(LockError, match=r"\{") as info:
             await Lock(client, name).acquire()
+        assert f"key '{{{name}}}\\xffmeta'" in str(info.value), info.value
         assert not await client.exists(name)
 
 
 class TestScripts:
+    async def test_late_attempts_stay_fenced_after_a_burst_of_give_ups(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (the fence against late attempts — the ``done`` ZSET of owners that gave
+        up — kept only the last 64 owners of a name: after a burst of give-ups, contenders
+        timing out or RedLock rounds failing, the first one's attempt, re-sent late by a
+        retrying client, took the lock for a whole lease with nobody holding it)."""
+        policy = LockPolicy(name)
+        owners = [secrets.token_hex(16) for _ in range(200)]
+        for owner in owners:
+            await policy.release(owner, "abandon", "", False).run(client)
+        late = Attempt(owners[0], 30_000, False, 1_000, 2_000, False, "")
+        reply = await policy.attempt(late).run(client)
+        # A late duplicate: refused, nothing taken.
+        assert isinstance(reply, list) and int(reply[0]) == -1, reply
+        assert not await client.exists(name)
+
     async def test_survives_script_flush(self, client: aioredis.Redis, name: str) -> None:
         lock = Lock(client, name)
         async with lock:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lease, Lock
+from redis_locks_async import Lease, Lock, LockLostError, Semaphore
 from tests import _introspect as introspect
+from tests.faultproxy import FaultProxy
+from tests.test_lock_faults import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,3 +100,187 @@ class TestBatching:
         assert trips <= ticks * per_tick, f"{trips} round trips in {ticks} ticks"
         assert renewals <= ticks * holds, f"{renewals} renewals of {holds} holds in {ticks} ticks"
         assert trips >= per_tick, "no tick in the window: nothing renewed"
+
+
+class TestPoolExhausted:
+    async def test_keeper_retries_soon_when_no_connection_is_free(
+        self, connect: Any, name: str
+    ) -> None:
+        """Regression (a renewal that found the client's pool at ``max_connections`` backed off
+        as after an error, 0.1 s, 0.2 s, 0.4 s, 0.8 s…, while the acquisitions competing with it
+        retry every few milliseconds: in a burst, a short lease could be lost while connections
+        kept coming free). "No free connection" sends nothing and is no failure: the keeper
+        tries again within milliseconds, and renews as soon as a connection is free."""
+        client = connect(max_connections=2)
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=3.0, on_lost=lost.append)
+        assert await lock.acquire(blocking=False)
+        pool = client.connection_pool
+        taken = [await pool.get_connection() for _ in range(2)]
+        before = introspect.renewal_round_trips(client)
+        await asyncio.sleep(1.0 + 0.75)  # the first renewal is due within lease/3 = 1 s
+        tries = introspect.renewal_round_trips(client) - before
+        renewed = introspect.renewals(client)
+        for conn in taken:
+            await pool.release(conn)
+        await asyncio.sleep(0.3)
+        assert introspect.renewals(client) > renewed, "not renewed once a connection came free"
+        # At least 0.75 s with no free connection, tried every 10 ms: dozens of tries (backing
+        # off as after errors tried four or five times).
+        assert tries >= 20, tries
+        assert not lost and lock.owned()
+        await lock.release()
+
+
+async def _old_renewal_crossing_next(
+    proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, lease: Lease
+) -> asyncio.Task[None]:
+    """Just after a keeper renewal of ``lease`` (the next is a beat away, past what follows),
+    hold the proxy's replies and return a task that, once the next command through the proxy
+    ran on the server with its reply held, runs the keeper's renewal with the hold's old
+    length (``lease.lease`` now) after it, judges it at once, then lets the replies through."""
+    hold = lease._hold
+    old = lease.lease
+    renewals = introspect.renewals(proxied)
+    await until(lambda: introspect.renewals(proxied) > renewals, what="a renewal")
+
+    async def renewal_crossing() -> None:
+        await fault_proxy.wait_held()
+        assert await hold.renew(hold.owner, old).run(client) == 1
+        introspect.judge_renewal(proxied, lease, 1)
+        fault_proxy.release_replies()
+
+    fault_proxy.hold_replies()
+    return asyncio.create_task(renewal_crossing())
+
+
+class TestCrossing:
+    async def test_renewal_judged_while_a_longer_extend_is_in_flight_is_not_outlived(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (found reading the keeper for the S6 ``Semaphore`` diagnosis): a
+        keeper's renewal with the hold's short lease (0.5 s) ran on the server *after* an
+        ``extend(3.0)`` and was judged before the extend's answer came back (its reply wakes
+        the caller one loop step after the job task reads it). The keeper counted it as an
+        ordinary renewal; the extend then counted on 3 s from its own send — while the server
+        kept the renewal's 0.5 s. The next renewal, due a third of 3 s later, found the
+        permit gone: a lease lost without any fault, and until then believed valid for
+        seconds past its end on the server."""
+        sem = Semaphore(proxied, name, 2, lease=0.5)
+        assert await sem.acquire()
+        lease = sem.current_lease
+        assert lease is not None
+        crossing = await _old_renewal_crossing_next(proxied, fault_proxy, client, lease)
+        await sem.extend(3.0)
+        await crossing
+        assert lease.lease == 3.0
+        seconds, micros = await client.time()
+        score = await client.zscore(name, introspect.lease_owner_id(lease))
+        assert score is not None
+        on_server = (score - (seconds * 1000 + micros / 1000)) / 1000
+        assert lease.remaining() <= on_server + 0.05, (
+            f"{lease!r} counts on {lease.remaining():.3f} s, the server keeps {on_server:.3f} s"
+        )
+        await asyncio.sleep(0.8)  # past the 0.5 s, before a renewal due a third of 3 s
+        assert not lease.lost, lease.lost_reason
+        assert await client.zscore(name, introspect.lease_owner_id(lease)) is not None
+        await sem.release()
+
+    async def test_renewal_judged_while_a_longer_reentry_is_in_flight_is_not_outlived(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (the re-entry sibling of the test above, ``Lock``): a renewal with the
+        hold's 0.5 s lease that the server ran after a re-entry through a ``Lock(…,
+        lease=3.0)``, judged before the re-entry's answer, left the holder counting on 3 s
+        while the server kept 0.5 s."""
+        short, longer = Lock(proxied, name, lease=0.5), Lock(proxied, name, lease=3.0)
+        assert await short.acquire()
+        lease = short.current_lease
+        assert lease is not None
+        crossing = await _old_renewal_crossing_next(proxied, fault_proxy, client, lease)
+        assert await longer.acquire()
+        await crossing
+        assert lease.lease == 3.0 and lease.hold_count == 2
+        on_server = await client.pttl(name) / 1000
+        assert lease.remaining() <= on_server + 0.05, (
+            f"{lease!r} counts on {lease.remaining():.3f} s, the server keeps {on_server:.3f} s"
+        )
+        await asyncio.sleep(0.8)  # past the 0.5 s, before a renewal due a third of 3 s
+        assert not lease.lost, lease.lost_reason
+        assert await client.pttl(name) > 0
+        await longer.release()
+        await short.release()
+
+
+class TestForeignErrors:
+    async def test_keeper_survives_a_non_redis_exception(self, connect: Any, name: str) -> None:
+        """Regression (a renewal round trip that failed with something other than a server's
+        error — a client library's bug, a wrapper's exception — killed the lease keeper's
+        task): every hold it kept was never renewed again and never marked lost either, so
+        ``owned()`` stayed true (and ``on_lost`` silent) after the lease had ended on the
+        server — while another client could take the lock. The keeper now counts such a
+        failure as its batch's renewals failing for good: the holds are lost, and told so."""
+        client = connect()
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=1.0, on_lost=lost.append)
+        assert await lock.acquire(blocking=False)
+
+        def broken(*args: object, **kwargs: object) -> Any:
+            raise RuntimeError("not a server's error")
+
+        client.pipeline = broken
+        try:
+            await asyncio.sleep(0.6)  # the first renewal is due within lease/3
+        finally:
+            del client.pipeline
+        assert lost and not lock.owned()
+        with pytest.raises(LockLostError):
+            await lock.release()
+        # The keeper lives on: a new hold is renewed past its lease.
+        lock2 = Lock(client, f"{name}:2", lease=0.6)
+        assert await lock2.acquire(blocking=False)
+        await asyncio.sleep(1.0)
+        assert lock2.owned() and await client.exists(f"{name}:2")
+        await lock2.release()
+
+    async def test_release_cut_short_by_a_non_redis_exception_ends_the_hold(
+        self, connect: Any, name: str
+    ) -> None:
+        """Regression (a final release that failed with something other than a server's error
+        left the hold half-released): it stayed in the runtime in state ``RELEASING`` until
+        its lease ended — ``owned()`` still true, the key held on the server by nobody, and the
+        task's next ``acquire()`` a re-entry of that dead hold. The hold now ends there as
+        after any failed release: the exception reaches the caller, and the lock is freed in
+        the background."""
+        client = connect()
+        lock = Lock(client, name, lease=30.0)
+        assert await lock.acquire(blocking=False)
+
+        async def broken(*args: object, **kwargs: object) -> Any:
+            raise RuntimeError("not a server's error")
+
+        client.evalsha = broken
+        try:
+            with pytest.raises(RuntimeError, match="not a server's error"):
+                await lock.release()
+        finally:
+            del client.evalsha
+        assert not lock.owned()
+        assert lock.current_lease is None
+
+        # Freed well within its 30 s lease, by the background abandon.
+        async def freed() -> bool:
+            return not await client.exists(name)
+
+        await until(freed, what="the lock freed", within=3.0)
+        async with lock as lease:  # a fresh hold, not a re-entry of the dead one
+            assert lease.hold_count == 1
+        assert introspect.keeper_size(client) == 0

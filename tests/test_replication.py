@@ -114,6 +114,29 @@ async def test_replica_sync_refuses_an_acquisition_no_replica_has(pair: Pair) ->
         await client.aclose()
 
 
+async def test_replica_sync_on_an_empty_script_cache_keeps_its_time_and_gives_up_first(
+    pair: Pair,
+) -> None:
+    """Regression (two findings of a contract probe): on a server that did not know the
+    renewal script yet (fresh, flushed, restarted, failed over) the renewal-and-``WAIT``
+    pipeline failed on the script and was sent again — ``WAIT`` twice, so a failing sync took
+    twice ``replica_timeout`` (2.1 s for 1 s); and the ``LockError`` came before the lock was
+    given up on the server (a background task), so another client still saw it held."""
+    client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    try:
+        await client.script_flush()
+        await asyncio.to_thread(pair.cut_replica)
+        lock = Lock(client, "s4:flushed", replicas=1, replica_timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(LockError, match="only 0 of 1 replicas acknowledged it"):
+            await lock.acquire(blocking=False)
+        assert time.monotonic() - started < 1.8  # one replica_timeout, and a little
+        assert await _introspect.owner_in_redis(client, "s4:flushed") is None  # at once
+    finally:
+        pair.replica.resume()
+        await client.aclose()
+
+
 async def test_replica_sync_ends_with_the_callers_timeout(pair: Pair) -> None:
     """Review finding: the replica sync waited ``replica_timeout`` (+1 s) whatever the caller's
     ``acquire(timeout=…)``; it now ends with the caller's deadline (at least about a second)."""

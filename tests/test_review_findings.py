@@ -276,6 +276,31 @@ class TestOneMasterRefusing:
         with pytest.raises(LockError, match=r"wrong|type|WRONGTYPE"):
             await RedLock(masters, name).acquire(timeout=5)
 
+    async def test_release_names_a_wrong_type_key_on_every_master(
+        self, clients: Clients, name: str
+    ) -> None:
+        """Regression (contract probe, SPEC §3 "a key of the wrong type under a lock's name is
+        a LockError that names the key"): a hold whose key was replaced by another type on
+        every master released with "cannot confirm the release (network:QuorumError): it is
+        retried in the background" — no key named, and a network blamed."""
+        masters, direct = clients(), clients()
+        lock = RedLock(masters, name, lease=30.0)
+        await lock.acquire()
+        for client in direct:
+            await client.delete(name)
+            await client.set(name, "not a lock")
+        with pytest.raises(LockError) as info:
+            await lock.release()
+        assert f"key '{name}'" in str(info.value), info.value
+        assert "QuorumError" not in str(info.value)
+        assert not lock.owned()
+        for client in direct:
+            assert await client.get(name) == b"not a lock"
+        # And ``locked()`` (it asked ``EXISTS``: True) names it too.
+        with pytest.raises(LockError) as info:
+            await lock.locked()
+        assert f"key '{name}'" in str(info.value), info.value
+
 
 class TestLateExtensionOfALock:
     @pytest.mark.parametrize("how", ["re-entry", "extend"])

@@ -128,6 +128,25 @@ class TestReadWriteLock:
         assert await writer.acquire(timeout=1)
         await writer.release()
 
+    async def test_a_waiting_writer_wakes_when_the_first_reader_lease_ends(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Regression (a waiting writer slept until the *longest* reader lease could end — the
+        key's TTL — not the first: a dead reader's 0.5 s lease, after a 30 s reader had come
+        and gone, kept the writer out for 30 s; expiry announces nothing). Found by a
+        contract probe of SPEC §4: a waiter sleeps at most the holder's remaining lease."""
+        dead = ReadWriteLock(connect(), name, lease=0.5, auto_renew=False).read
+        await dead.acquire()  # never renewed: stands for a killed reader
+        passer = ReadWriteLock(connect(), name, lease=30.0).read
+        async with passer:
+            pass  # the key's TTL is now 30 s
+        writer = ReadWriteLock(connect(), name).write
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await writer.acquire(timeout=5.0)  # 30 s before the fix
+        assert loop.time() - started < 4.0
+        await writer.release()
+
     async def test_reentrant_sides(self, client: aioredis.Redis, name: str) -> None:
         rw = ReadWriteLock(client, name)
         async with rw.write, rw.write:

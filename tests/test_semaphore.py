@@ -35,9 +35,7 @@ class TestSemaphore:
         await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(12))), 20)
         assert peak == permits
 
-    async def test_a_task_may_hold_several_permits(
-        self, client: aioredis.Redis, name: str
-    ) -> None:
+    async def test_a_task_may_hold_several_permits(self, client: aioredis.Redis, name: str) -> None:
         sem = Semaphore(client, name, 2)
         assert await sem.acquire() and await sem.acquire()
         assert await sem.locked() and await sem.free_permits() == 0
@@ -84,13 +82,20 @@ class TestSemaphore:
         assert loop.time() - started < 1.0
 
     async def test_bad_permits(self, client: aioredis.Redis, name: str) -> None:
-        for bad, error in ((0, ValueError), (-1, ValueError), (True, TypeError), (1.5, TypeError)):
+        # 2**63 (regression, contract probe): accepted, then an idle semaphore counted
+        # -9223372036854775808 free permits and was "locked".
+        bad_ones = ((0, ValueError), (-1, ValueError), (True, TypeError), (1.5, TypeError))
+        for bad, error in (*bad_ones, (2**63, ValueError), (2**31, ValueError)):
             with pytest.raises(error):
                 Semaphore(client, name, bad)  # type: ignore[arg-type]
         sem = Semaphore(client, name, 2)
-        with pytest.raises(ValueError):
-            await sem.set_permits(0)
+        for bad in (0, 2**63):
+            with pytest.raises(ValueError):
+                await sem.set_permits(bad)
         assert sem.permits == 2
+        most = Semaphore(client, f"{name}:most", 2**31 - 1)
+        assert await most.free_permits() == 2**31 - 1
+        assert not await most.locked()
 
     async def test_permits_are_renewed(self, client: aioredis.Redis, name: str) -> None:
         async with Semaphore(client, name, 1, lease=0.3) as lease:

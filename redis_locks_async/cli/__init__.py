@@ -117,7 +117,7 @@ def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "arguments, no server)."
         ),
     )
-    inspect.add_argument("name", metavar="NAME", help="the lock's name")
+    inspect.add_argument("name", metavar="NAME", type=_lock_name, help="the lock's name")
     _add_kind(inspect)
     inspect.add_argument(
         "-v", "--verbose", action="store_true", help="list every waiter with its registration age"
@@ -188,7 +188,7 @@ def _add_force_unlock(commands: argparse._SubParsersAction[argparse.ArgumentPars
             "(not a lock, bad arguments, no server, not confirmed)."
         ),
     )
-    force.add_argument("name", metavar="NAME", help="the lock's name")
+    force.add_argument("name", metavar="NAME", type=_lock_name, help="the lock's name")
     _add_kind(force)
     force.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     _add_url(force)
@@ -234,6 +234,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(
         DemoOptions(workers=args.workers, tasks=args.tasks, seconds=args.seconds, url=args.url)
     )
+
+
+def _lock_name(text: str) -> str:
+    """A lock name as the library takes it (an empty one is a bad argument: exit code 2)."""
+    if not text:
+        raise argparse.ArgumentTypeError("a lock name cannot be empty")
+    return text
 
 
 def _count(low: int, high: int) -> Callable[[str], int]:

@@ -1,0 +1,211 @@
+"""What a task can do with a hold it lost: every release says "lost", a new acquire is fresh.
+
+Found by a contract probe written from SPEC §3/§4 alone ("then the lease is lost: `release()`
+raises `LockLostError`"; `acquire()` returns a bool); and, on the way, a Semaphore permit leak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import redis.asyncio as aioredis
+
+from redis_locks_async import FairLock, Lock, LockLostError, LockNotOwnedError, Semaphore
+from tests import _introspect as introspect
+from tests.faultproxy import FaultProxy
+
+KINDS = [Lock, FairLock]
+
+
+async def _lose(lock: Lock | FairLock, client: aioredis.Redis, name: str) -> None:
+    """The calling task takes ``lock`` and loses it (the key deleted behind its back)."""
+    assert await lock.acquire(blocking=False)
+    await client.delete(name)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+class TestLost:
+    async def test_release_after_extend_reported_the_loss(
+        self, kind: type[Lock], client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (an ``extend()`` that found the hold lost forgot it, so the
+        ``release()`` in the caller's ``finally`` raised ``LockNotOwnedError`` ("not held by
+        this task") and replaced the ``LockLostError`` a handler was waiting for)."""
+        lock = kind(client, name, lease=30.0)
+        await _lose(lock, client, name)
+        with pytest.raises(LockLostError):
+            await lock.extend()
+        with pytest.raises(LockLostError):
+            await lock.release()
+        with pytest.raises(LockNotOwnedError) as raised:
+            await lock.release()  # once per acquire
+        assert not isinstance(raised.value, LockLostError)
+
+    async def test_every_release_of_a_nested_lost_hold_says_lost(
+        self, kind: type[Lock], client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (a re-entry that found the hold lost forgot it: the inner release, then
+        the outer one, raised ``LockNotOwnedError``). Each release, inner and outer, raises
+        ``LockLostError``; then the task holds nothing."""
+        lock = kind(client, name, lease=30.0)
+        assert await lock.acquire(blocking=False)
+        assert await lock.acquire(blocking=False)  # hold count 2
+        await client.delete(name)
+        with pytest.raises(LockLostError):
+            await lock.acquire(blocking=False)  # the re-entry finds it gone
+        for _ in range(2):
+            with pytest.raises(LockLostError):
+                await lock.release()
+        assert lock.current_lease is None
+        with pytest.raises(LockNotOwnedError):
+            await lock.release()
+
+    async def test_acquire_after_a_signalled_loss_is_fresh(
+        self, kind: type[Lock], client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (the task's next ``acquire()`` after its lease expired raised
+        ``LockLostError`` "cannot re-enter", once, though the lock was free on the server —
+        ``acquire()`` returns a bool). A loss already signalled (``lease.lost``,
+        ``on_lost``) is not re-entered: the task acquires afresh, with a new token, and the
+        lost hold still answers its own release with ``LockLostError``."""
+        lock = kind(client, name, lease=0.2, auto_renew=False)
+        assert await lock.acquire()
+        first = lock.current_lease
+        assert first is not None
+        await asyncio.wait_for(first.wait_lost(), 2.0)
+        assert await lock.acquire(timeout=1.0)
+        second = lock.current_lease
+        assert second is not None and second is not first
+        assert not second.lost and second.hold_count == 1
+        assert second.fencing_token > first.fencing_token
+        assert await client.exists(name)
+        await lock.release()  # the fresh hold
+        assert not await client.exists(name)
+        with pytest.raises(LockLostError):
+            await lock.release()  # the lost one underneath
+        assert introspect.keeper_size(client) == 0
+
+
+async def test_task_ending_with_two_permits_returns_both(client: aioredis.Redis, name: str) -> None:
+    """Regression (a task that ended holding two permits of a ``Semaphore`` had only the
+    last one released: the earlier permit, waiting underneath, was left to the lease keeper,
+    which renewed it for as long as the process lived — a permit gone for good)."""
+    sem = Semaphore(client, name, 3, lease=30.0)
+
+    async def take_two() -> None:
+        await sem.acquire()
+        await sem.acquire()
+
+    await asyncio.create_task(take_two())
+    await _until_free(sem, 3)
+    assert introspect.keeper_size(client) == 0
+
+
+async def test_task_ending_while_releasing_returns_the_permit_underneath(
+    fault_proxy: FaultProxy, proxied: aioredis.Redis, name: str
+) -> None:
+    """Regression (an attack on the fix above): a task that held two permits, gave its
+    ``release()`` a time limit (``wait_for``: the release goes on in the background) and
+    returned left the permit underneath held for good — the top permit's end-of-task callback
+    saw the release in flight and left the rest to it, and the release only ever finished its
+    own permit. The release in flight now hands the rest to the task's end."""
+    sem = Semaphore(proxied, name, 3, lease=2.0)
+
+    async def worker() -> None:
+        await sem.acquire()
+        await sem.acquire()
+        fault_proxy.delay(0.3)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(sem.release(), 0.1)
+
+    await asyncio.create_task(worker())
+    await asyncio.sleep(0.5)
+    fault_proxy.heal()
+    await _until_free(sem, 3)
+    assert introspect.keeper_size(proxied) == 0
+
+
+async def test_a_permit_released_under_another_leaves_the_stack(
+    fault_proxy: FaultProxy, proxied: aioredis.Redis, name: str
+) -> None:
+    """Regression (same attack): a permit whose release finished while the task already held
+    a newer one stayed linked under it. Releasing the newer one brought the released permit
+    back as the task's hold, so the next ``release()`` released it again (a spurious
+    ``LockLostError``) instead of the task's oldest permit — and a task ending there left
+    that oldest permit renewed for good."""
+    sem = Semaphore(proxied, name, 3, lease=30.0)
+    outcome: list[str] = []
+
+    async def worker() -> None:
+        await sem.acquire()  # P1
+        await sem.acquire()  # P2
+        fault_proxy.delay(0.2)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(sem.release(), 0.05)  # P2's release goes on in the background
+        await sem.acquire()  # P3, on top of P2 while P2's release is in flight
+        fault_proxy.heal()
+        await asyncio.sleep(0.3)  # P2's release is done
+        await sem.release()  # P3
+        await sem.release()  # P1 (was: P2 again)
+        outcome.append("released both")
+
+    await asyncio.create_task(worker())
+    assert outcome == ["released both"]
+    await _until_free(sem, 3)
+    assert introspect.keeper_size(proxied) == 0
+
+
+async def test_transfer_to_a_task_whose_hold_was_lost(client: aioredis.Redis, name: str) -> None:
+    """Regression (same attack): ``transfer()`` refused a target task whose only hold of the
+    lock was lost ("already holds it"), though that task's own ``acquire()`` would be a fresh
+    acquisition. The hold is handed over, on top of the lost one."""
+    lock = Lock(client, name, lease=30.0)
+    lost_it = asyncio.Event()
+    go = asyncio.Event()
+    outcome: list[str] = []
+
+    async def worker() -> None:
+        await _lose(lock, client, name)
+        with contextlib.suppress(LockLostError):
+            await lock.extend()  # the loss, reported
+        lost_it.set()
+        await go.wait()
+        await lock.release()  # the hold handed over
+        try:
+            await lock.release()
+        except LockLostError:
+            outcome.append("lost")  # then its own, lost
+
+    task = asyncio.create_task(worker())
+    await lost_it.wait()
+    assert await lock.acquire(blocking=False)
+    lock.transfer(task)
+    go.set()
+    await task
+    assert outcome == ["lost"]
+    assert not await client.exists(name)
+
+
+async def _until_free(sem: Semaphore, permits: int) -> None:
+    for _ in range(300):
+        if await sem.free_permits() == permits:
+            return
+        await asyncio.sleep(0.01)
+    assert await sem.free_permits() == permits
+
+
+async def test_owned_is_false_once_the_task_gave_its_hold_up(
+    fault_proxy: FaultProxy, proxied: aioredis.Redis, name: str
+) -> None:
+    """Regression (contract probe of the anyio examples): after a cancel scope ended an
+    ``async with`` — or a ``release()`` was cut short — the release goes on in the background,
+    and ``owned()`` said True meanwhile, while ``release()`` said "not held by this task"."""
+    lock = Lock(proxied, name)
+    assert await lock.acquire(blocking=False)
+    fault_proxy.delay(0.3)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(lock.release(), 0.05)
+    assert not lock.owned()  # given up, its confirmation still on the way
+    fault_proxy.heal()

@@ -619,8 +619,14 @@ class TestHangs:
         name: str,
     ) -> None:
         """Regression (issue 5 #10): an acquisition whose reply arrived while
-        ``client.aclose()`` was under way returned ``True`` with a lease never marked lost."""
+        ``client.aclose()`` was under way returned ``True`` with a lease never marked lost.
+
+        (Test flake, CI of stop 14: the acquisition sometimes needed a new connection, whose
+        handshake reply was held, so it never reached the server; the pool is warmed first.)"""
         other = name + ":other"
+        # Idle connections ready: once replies are held a new connection would stall in its
+        # handshake, and the waiter's own connections may still be busy (its reply in flight).
+        await asyncio.gather(*(proxied.ping() for _ in range(4)))
         blocker = Lock(connect(), other)
         assert await blocker.acquire()
         # A waiter on the closing client keeps the close busy for a moment (it cleans up).

@@ -164,21 +164,20 @@ end
 
 -- Hand what is free to the live registrations at the front of the line, as long as
 -- `take(role, granted)` says so (granted: how many so far); `record(head, window, token, role)`
--- stores each grant. A grantee gets only its claim window (window = min(claim, lease)) until it
--- confirms by renewing: a waiter that died while registered delays the next one by at most its
--- claim window. One announcement names every grantee: "g:<ttl>:<at>:<owner>:<token>[:...]"
--- (ttl: the shortest window; at: the server's clock in microseconds, from which a grantee
--- that reads the announcement late measures its window); `meta` field c names the (last)
--- grantee, see evict_vanished. Returns how many were granted, and the ttl.
-local function grant_batch(meta, queue, channel, sharded, now, take, record)
+-- stores each grant. Where the front stops at a waiter that may not enter yet, `pass(role)`
+-- (optional) says which live registrations behind it may enter all the same (a reader that
+-- does not defer to a waiting writer). A grantee gets only its claim window (window =
+-- min(claim, lease)) until it confirms by renewing: a waiter that died while registered
+-- delays the next one by at most its claim window. One announcement names every grantee:
+-- "g:<ttl>:<at>:<owner>:<token>[:...]" (ttl: the shortest window; at: the server's clock in
+-- microseconds, from which a grantee that reads the announcement late measures its window);
+-- `meta` field c names the (last) grantee, see evict_vanished. Returns how many were granted,
+-- and the ttl.
+local function grant_batch(meta, queue, channel, sharded, now, take, record, pass)
     local now_ms = math.floor(now / 1000)
     local granted, ttl, message, grantee = 0, nil, '', nil
     local token = next_fence(meta, now) - 1
-    while true do
-        local head, lease, claim, role = live_head(meta, queue, now_ms)
-        if not head or not take(role, granted) then
-            break
-        end
+    local function grant(head, lease, claim, role)
         unregister(meta, queue, head)
         local window = math.min(lease, claim)
         ttl = ttl and math.min(ttl, window) or window
@@ -187,6 +186,24 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record)
         grantee = head
         message = message .. ':' .. head .. ':' .. int(token)
         granted = granted + 1
+    end
+    local head, lease, claim, role
+    while true do
+        head, lease, claim, role = live_head(meta, queue, now_ms)
+        if not head or not take(role, granted) then
+            break
+        end
+        grant(head, lease, claim, role)
+    end
+    if head and pass then
+        for _, owner in ipairs(redis.call('ZRANGE', queue, 1, -1)) do
+            local deadline
+            deadline, lease, claim, role =
+                parse_registration(redis.call('HGET', meta, 'w:' .. owner))
+            if deadline and deadline >= now_ms and pass(role) then
+                grant(owner, lease, claim, role)
+            end
+        end
     end
     if granted > 0 then
         redis.call('HSET', meta, 'fence', int(token), 'c', grantee)
@@ -298,12 +315,22 @@ end
 
 -- Hand the lock to what the front of the line may have now: a writer when nothing is held, or
 -- the readers at the front (one after the other, up to the first writer) when no writer holds
--- it, in one announcement (see grant_batch). Returns how many were granted.
+-- it — and then every reader further back that does not defer to waiting writers (role "R":
+-- registered with prefer_writers off; it would enter by itself, so it is not kept waiting
+-- behind a writer that waits for the readers) — in one announcement (see grant_batch). Meta
+-- field R marks that such readers registered: without it the line is not searched for them.
+-- Returns how many were granted.
 local function rw_admit(lock, meta, queue, channel, sharded, now, state)
     if state.writer then
         return 0
     end
     local now_ms = math.floor(now / 1000)
+    local passing = nil
+    if redis.call('HEXISTS', meta, 'R') == 1 then
+        passing = function(role)
+            return role == 'R' and not state.writer
+        end
+    end
     return (grant_batch(meta, queue, channel, sharded, now,
         function(role, count)
             if role == 'w' then
@@ -322,7 +349,8 @@ local function rw_admit(lock, meta, queue, channel, sharded, now, state)
                 state.readers = state.readers + 1
             end
             keep(lock, window)
-        end))
+        end,
+        passing))
 end
 
 -- Semaphores (``Semaphore``) keep their holders in a ZSET owner -> expiry (server ms) under the

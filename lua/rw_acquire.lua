@@ -11,7 +11,8 @@
 -- ARGV[4]  mode: "try" or "wait" (register when it cannot be taken now)
 -- ARGV[5]  registration grace in milliseconds; ARGV[6] claim window in milliseconds
 -- ARGV[7]  channel to announce on; ARGV[8] "1" for SPUBLISH
--- ARGV[9]  "1": prefer writers (a reader waits while a live writer is registered)
+-- ARGV[9]  "1": prefer writers (a reader waits while a live writer is registered); else a
+--          reader registers as "R" and is let in past waiting writers (prelude.lua, rw_admit)
 -- A grantee that holds nothing any more yet never released gets its process's registrations
 -- dropped first, with "x:<process tag>" announced on ARGV[7] (prelude.lua, evict_vanished).
 -- ARGV[10] owner id of the caller's own write hold ("" if none): reading then is a downgrade,
@@ -35,6 +36,11 @@ local grace, claim = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 
+-- Every key it may write is read before the first write (rw_state drops expired holds), so a
+-- key of the wrong type fails the script before anything changed.
+redis.call('HGET', meta, 'fence')
+redis.call('ZSCORE', queue, me)
+local fenced = redis.call('ZSCORE', done, me) ~= false
 local state = rw_state(lock, now_ms)
 if state.foreign then
     return {-2, 1, 0, 0}
@@ -49,11 +55,9 @@ if side == 'r' then
         return {1, tonumber(token), 1, tonumber(expiry) - now_ms}
     end
 end
-if is_done(done, me) then
+if fenced then
     return {-1, 0, 0, 0}
 end
-redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
-redis.call('ZSCORE', queue, me)    -- and the queue
 evict_vanished(meta, queue, ARGV[7], ARGV[8], function(owner)
     return state.writer == owner or redis.call('HEXISTS', lock, 'r:' .. owner) == 1
 end)
@@ -99,7 +103,13 @@ if state.first_end then
     ttl = math.max(1, state.first_end - now_ms)
 end
 if mode == 'wait' then
-    register(meta, queue, me, now, lease, claim, grace, ttl, side)
+    -- A reader that does not defer to waiting writers registers as "R" (see rw_admit).
+    local role = side
+    if side == 'r' and ARGV[9] ~= '1' then
+        role = 'R'
+        redis.call('HSET', meta, 'R', '1')
+    end
+    register(meta, queue, me, now, lease, claim, grace, ttl, role)
     return {0, now, 0, ttl}
 end
 return {0, 0, 0, ttl}

@@ -21,13 +21,15 @@ local me, side, mode, channel, sharded = ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARG
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 
+-- Every key it may write is read before the first write (rw_state drops expired holds), so a
+-- key of the wrong type fails the script before anything changed.
+redis.call('HGET', meta, 'last')
+redis.call('ZSCORE', queue, me)
+redis.call('ZSCORE', done, me)
 local state = rw_state(lock, now_ms)
 if state.foreign then
     return {-2, 1}
 end
-redis.call('HGET', meta, 'last')   -- reads meta and queue before writing them (type check)
-redis.call('ZSCORE', queue, me)
-redis.call('ZSCORE', done, me)
 
 local mine
 if side == 'w' then

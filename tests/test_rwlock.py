@@ -13,7 +13,8 @@ import redis.asyncio as aioredis
 from redis_locks_async import LockError, ReadWriteLock
 from tests import _introspect as introspect
 from tests._workers import readline, worker_process
-from tests.test_lock_faults import HoldingTask
+from tests.test_lock_faults import HoldingTask, until
+from tests.test_regressions import key_label
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -192,3 +193,86 @@ class TestDeadWriterRegistration:
                 if proc.returncode is None:
                     proc.kill()
                 await asyncio.wait_for(proc.communicate(), 10)
+
+
+class TestProbeFindings:
+    """Contract probe of SPEC §4/§6 S5 for ``ReadWriteLock`` (session 15)."""
+
+    async def test_readers_not_preferring_writers_pass_a_waiting_writer(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (``prefer_writers=False``: a reader registered behind a waiting writer
+        stayed out for a whole claim window after the writer holding the lock released —
+        the hand-over stopped at the waiting writer). README: readers get in "whenever no
+        writer holds the lock"."""
+        claim = 3.0
+        side = {
+            key: getattr(
+                ReadWriteLock(connect(), name, prefer_writers=False, claim_timeout=claim), key
+            )
+            for key in ("write", "read")
+        }
+        holder = side["write"]
+        assert await holder.acquire()
+        loop = asyncio.get_running_loop()
+        entered: dict[str, float] = {}
+        leave = asyncio.Event()
+
+        async def enter(label: str, kind: str) -> None:
+            lock = getattr(
+                ReadWriteLock(connect(), name, prefer_writers=False, claim_timeout=claim), kind
+            )
+            async with lock:
+                entered[label] = loop.time()
+                await leave.wait()
+
+        tasks = []
+        for count, (label, kind) in enumerate((("R1", "read"), ("W2", "write"), ("R3", "read"))):
+            tasks.append(asyncio.create_task(enter(label, kind)))
+            await introspect.until_registered(client, name, count + 1, "rw")
+        released = loop.time()
+        await holder.release()
+        await until(lambda: len(entered) >= 2, what="both readers in", within=2.0)
+        assert set(entered) == {"R1", "R3"}
+        assert max(entered.values()) - released < 1.0  # a claim window (3 s) before the fix
+        leave.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+    async def test_a_wrong_type_auxiliary_key_changes_nothing(
+        self, connect: Connect, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (SPEC §6 S5, "a failed script changes nothing": a read/write script that
+        failed on an auxiliary key of the wrong type had already dropped the expired holds
+        from the lock's hash)."""
+        failures = []
+        for index, key in enumerate(introspect.aux_keys(name, "rw")):
+            for action in ("read.acquire", "write.acquire", "read.release"):
+                lock_name = f"{name}:{index}:{action}"
+                aux = introspect.aux_keys(lock_name, "rw")
+                bad = aux[index]
+                kept = ReadWriteLock(connect(), lock_name, lease=30.0).read
+                await kept.acquire()
+                gone = ReadWriteLock(connect(), lock_name, lease=0.2, auto_renew=False).read
+                await gone.acquire()
+                await asyncio.sleep(0.3)  # its field stays in the hash, expired
+                await client.delete(bad)
+                await client.set(bad, "not a lock")
+                before = await client.hgetall(lock_name)
+                kind, verb = action.split(".")
+                target = (
+                    kept
+                    if action == "read.release"
+                    else getattr(ReadWriteLock(connect(), lock_name), kind)
+                )
+                call = target.release() if verb == "release" else target.acquire(blocking=False)
+                try:
+                    await call
+                except LockError as exc:
+                    if key_label(bad, aux) not in str(exc):
+                        failures.append(f"{key!r} {action}: the error does not name it: {exc}")
+                else:
+                    failures.append(f"{key!r} {action}: no error")
+                if await client.hgetall(lock_name) != before:
+                    failures.append(f"{key!r} {action}: the lock's hash changed")
+                await client.delete(lock_name, *aux)
+        assert not failures, "\n".join(failures)

@@ -299,7 +299,7 @@ def _holders(kind: str, snap: _Snapshot) -> list[Holder]:
     ]
 
 
-_ROLES: Final = {"": "", "r": "read", "w": "write"}
+_ROLES: Final = {"": "", "r": "read", "R": "read", "w": "write"}
 
 
 def _waiters(kind: str, snap: _Snapshot) -> list[Waiter]:

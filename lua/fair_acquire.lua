@@ -37,7 +37,7 @@ if is_done(done, me) then
 end
 local now = now_us()
 evict_vanished(meta, queue, ARGV[6], ARGV[7])
-local head = live_head(meta, queue, math.floor(now / 1000))
+local head = live_head(meta, queue, math.floor(now / 1000), ARGV[6], ARGV[7])
 if head and head ~= me then
     -- Free, but owed to the first in line (its grantee never confirmed, or the holder's lease
     -- ran out): hand it over as a release would have.

@@ -92,7 +92,7 @@ else
 end
 
 redis.call('DEL', lock)
-if redis.call('HEXISTS', meta, 'c') == 1 then
+if redis.call('HGET', meta, 'c') then
     redis.call('HSET', meta, 'c', '')  -- a removed grantee did not vanish (evict_vanished)
 end
 if top and top > fence then

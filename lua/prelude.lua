@@ -114,6 +114,31 @@ end
 -- (_owners.py, process_tag).
 local PROCESS_TAG_LEN = 8
 
+-- Drop every registration of the process whose owner ids begin with `tag`, and tell it with
+-- "x:<tag>" (a process that was only paused or cut off registers its waiters again).
+local function drop_process(meta, queue, channel, sharded, tag)
+    for _, waiter in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+        if string.sub(waiter, 1, PROCESS_TAG_LEN) == tag then
+            unregister(meta, queue, waiter)
+        end
+    end
+    announce(channel, sharded, 'x:' .. tag)
+end
+
+-- Whether the process that registered `owner` is still there. While a process has waiters for
+-- a lock, its subscription hub keeps "<channel>:<process tag>" subscribed on this server, and
+-- subscribed it before registering them (_notify.py); a killed process has no subscription
+-- left (the server dropped its connection). An error (an ACL without PUBSUB) counts as
+-- "there": the claim window decides then, as it does for a paused process.
+local function registrant_alive(channel, sharded, owner)
+    local reply = redis.pcall('PUBSUB', sharded == '1' and 'SHARDNUMSUB' or 'NUMSUB',
+        channel .. ':' .. string.sub(owner, 1, PROCESS_TAG_LEN))
+    if type(reply) ~= 'table' or reply.err then
+        return true
+    end
+    return tonumber(reply[2]) ~= 0
+end
+
 -- If the last grantee (meta field c, cleared by its release — see record_release) holds
 -- nothing any more yet never released — its claim window or its lease ran out: its process
 -- died, or was paused that long — that process is taken for dead: every registration of its
@@ -128,13 +153,7 @@ local function evict_vanished(meta, queue, channel, sharded, holds)
         return
     end
     redis.call('HSET', meta, 'c', '')
-    local tag = string.sub(grantee, 1, PROCESS_TAG_LEN)
-    for _, waiter in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
-        if string.sub(waiter, 1, PROCESS_TAG_LEN) == tag then
-            unregister(meta, queue, waiter)
-        end
-    end
-    announce(channel, sharded, 'x:' .. tag)
+    drop_process(meta, queue, channel, sharded, string.sub(grantee, 1, PROCESS_TAG_LEN))
 end
 
 local function parse_registration(entry)
@@ -146,8 +165,9 @@ local function parse_registration(entry)
 end
 
 -- The first live registration of `queue`, as owner, lease ms, claim ms, role — or nil. Dead
--- ones (deadline passed, server time) met on the way are dropped.
-local function live_head(meta, queue, now_ms)
+-- ones met on the way are dropped: a deadline passed (server time), or a process gone (see
+-- registrant_alive; all of that process's registrations go at once).
+local function live_head(meta, queue, now_ms, channel, sharded)
     while true do
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
         if not head then
@@ -155,10 +175,13 @@ local function live_head(meta, queue, now_ms)
         end
         local deadline, lease, claim, role = parse_registration(
             redis.call('HGET', meta, 'w:' .. head))
-        if deadline and deadline >= now_ms then
+        if not (deadline and deadline >= now_ms) then
+            unregister(meta, queue, head)
+        elseif registrant_alive(channel, sharded, head) then
             return head, lease, claim, role
+        else
+            drop_process(meta, queue, channel, sharded, string.sub(head, 1, PROCESS_TAG_LEN))
         end
-        unregister(meta, queue, head)
     end
 end
 
@@ -189,7 +212,7 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record, pas
     end
     local head, lease, claim, role
     while true do
-        head, lease, claim, role = live_head(meta, queue, now_ms)
+        head, lease, claim, role = live_head(meta, queue, now_ms, channel, sharded)
         if not head or not take(role, granted) then
             break
         end
@@ -200,7 +223,8 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record, pas
             local deadline
             deadline, lease, claim, role =
                 parse_registration(redis.call('HGET', meta, 'w:' .. owner))
-            if deadline and deadline >= now_ms and pass(role) then
+            if deadline and deadline >= now_ms and pass(role)
+                    and registrant_alive(channel, sharded, owner) then
                 grant(owner, lease, claim, role)
             end
         end
@@ -302,11 +326,12 @@ local function rw_state(lock, now_ms)
     return state
 end
 
--- Whether a live writer is registered in line (readers then wait, with writer preference).
-local function rw_writer_waiting(meta, queue, now_ms)
+-- Whether a live writer is registered in line (readers then wait, with writer preference); a
+-- writer whose process is gone does not count (see registrant_alive).
+local function rw_writer_waiting(meta, queue, now_ms, channel, sharded)
     for _, owner in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
         local deadline, _, _, role = parse_registration(redis.call('HGET', meta, 'w:' .. owner))
-        if role == 'w' and deadline >= now_ms then
+        if role == 'w' and deadline >= now_ms and registrant_alive(channel, sharded, owner) then
             return true
         end
     end
@@ -326,7 +351,7 @@ local function rw_admit(lock, meta, queue, channel, sharded, now, state)
     end
     local now_ms = math.floor(now / 1000)
     local passing = nil
-    if redis.call('HEXISTS', meta, 'R') == 1 then
+    if redis.call('HGET', meta, 'R') then
         passing = function(role)
             return role == 'R' and not state.writer
         end

@@ -59,7 +59,7 @@ if fenced then
     return {-1, 0, 0, 0}
 end
 evict_vanished(meta, queue, ARGV[7], ARGV[8], function(owner)
-    return state.writer == owner or redis.call('HEXISTS', lock, 'r:' .. owner) == 1
+    return state.writer == owner or redis.call('HGET', lock, 'r:' .. owner) ~= false
 end)
 
 local free
@@ -67,7 +67,7 @@ if side == 'w' then
     free = not state.writer and state.readers == 0
 else
     free = (not state.writer or state.writer == ARGV[10])
-        and (ARGV[10] ~= '' or ARGV[9] ~= '1' or not rw_writer_waiting(meta, queue, now_ms))
+        and (ARGV[10] ~= '' or ARGV[9] ~= '1' or not rw_writer_waiting(meta, queue, now_ms, ARGV[7], ARGV[8]))
 end
 if free then
     local token = next_fence(meta, now)

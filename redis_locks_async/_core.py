@@ -1553,7 +1553,10 @@ class LockBase:
                 break
         if status == -1 or not hold.live:
             self._lose(runtime, hold, "release found the lock expired or held by another owner")
-            self._forget(runtime, hold)
+            # This inner hold ends here; the lost outer one stays the task's, so each release
+            # still to come reports the loss too (see _check_live), not "not held".
+            if entry in hold.entries:
+                hold.entries.remove(entry)
             raise LockLostError(
                 f"cannot release {self._name!r}: the lease had already ended ({hold.lost_reason})"
                 " — work done under it may have overlapped another holder",

@@ -24,6 +24,11 @@ The listener task owns the connection's life:
   other error. Idle cost: one ``PING`` per :data:`PING_AFTER` seconds per connection, and only
   while some task waits.
 
+**Presence.** Beside each lock channel the hub subscribes ``<channel>:<process tag>``
+(:func:`presence_channel`), in the same command and first, so a waiter's registration is
+always made while its process is visibly present on the server; the scripts skip the
+registrations of a process that is not (killed: the server dropped its connection).
+
 ``sharded=True`` (Redis Cluster) uses ``SSUBSCRIBE``/``SUNSUBSCRIBE``; a server-sent
 ``sunsubscribe`` for a channel still wanted (its slot moved) subscribes it again.
 """
@@ -38,9 +43,10 @@ from typing import Any, Final, Protocol, final
 from redis.exceptions import RedisError, ResponseError
 
 from ._errors import LockError
+from ._owners import process_tag
 from ._parking import ParkingLot, decode
 
-__all__ = ("PING_AFTER", "PING_TIMEOUT", "Hub", "SubscriptionHub")
+__all__ = ("PING_AFTER", "PING_TIMEOUT", "Hub", "SubscriptionHub", "presence_channel")
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -51,6 +57,22 @@ _SEND_TIMEOUT: Final = 3.0  # seconds a (re)subscription may take to be sent
 _LINGER: Final = 2.0  # seconds a channel stays subscribed after its last local waiter left
 _RECONNECT_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _PING_TEXT: Final = "redis-locks-async"
+
+
+def presence_channel(channel: str) -> str:
+    """The channel this process keeps subscribed beside a lock's ``channel`` while it has
+    waiters for the lock: ``<channel>:<process tag>``. A script that is about to hand the lock
+    to a registration asks the server whether the registering process still has it
+    (``PUBSUB NUMSUB``, ``prelude.lua``, ``registrant_alive``): a killed process's
+    registrations are skipped at once instead of costing a claim window each. Nothing is ever
+    published on it. Same hash tag as ``channel``: one slot, one node."""
+    return channel + ":" + process_tag()
+
+
+def _with_presence(channel: str) -> tuple[str, str]:
+    """``channel``'s presence channel, then ``channel``, to (un)subscribe in one command: the
+    confirmation of ``channel`` then also confirms its presence."""
+    return presence_channel(channel), channel
 
 
 def _text(value: object) -> str:
@@ -263,11 +285,15 @@ class SubscriptionHub:
 
     async def _subscribe_one(self, channel: str) -> None:
         if channel in self._channels:
-            await self._send("ssubscribe" if self._sharded else "subscribe", channel)
+            await self._send(
+                "ssubscribe" if self._sharded else "subscribe", *_with_presence(channel)
+            )
 
     async def _unsubscribe_one(self, channel: str) -> None:
         if channel not in self._channels:
-            await self._send("sunsubscribe" if self._sharded else "unsubscribe", channel)
+            await self._send(
+                "sunsubscribe" if self._sharded else "unsubscribe", *_with_presence(channel)
+            )
 
     async def _reset(self, reason: str) -> None:
         """Drop the connection: every channel waits for a new confirmation; the listener
@@ -291,7 +317,7 @@ class SubscriptionHub:
         sent by their own requests, which wait for the send lock)."""
         async with self._send_lock:
             pubsub = self._make_pubsub()
-            channels = list(self._channels)
+            channels = [each for channel in self._channels for each in _with_presence(channel)]
             command = "ssubscribe" if self._sharded else "subscribe"
             self._asked(channels)
             try:

@@ -24,6 +24,7 @@ from redis_locks_async._fair import FAIR_ACQUIRE
 from redis_locks_async._keys import LockKeys
 from redis_locks_async._lease import Hold
 from redis_locks_async._lock import SCRIPTS
+from redis_locks_async._owners import PROCESS_TAG_LEN
 from redis_locks_async._runtime import Runtime, existing_runtime
 from redis_locks_async._rwlock import SCRIPTS as RW_SCRIPTS
 from redis_locks_async._semaphore import SCRIPTS as SEM_SCRIPTS
@@ -69,15 +70,20 @@ def script_sources() -> Sequence[str]:
 
 async def register_ghost(
     inspector: aioredis.Redis, name: str, owner: str, *, lease_ms: int, claim_ms: int
-) -> None:
+) -> Any:
     """Register ``owner`` as a ``FairLock`` waiter of ``name`` that will never confirm a grant
-    (a waiter whose process died); the lock must be held (the registration is checked)."""
+    (a waiter whose process hangs: still connected, so still present on the server — a killed
+    one is skipped at once); the lock must be held (the registration is checked). Returns the
+    pub/sub connection that keeps its process present: ``aclose()`` it at the end."""
     keys = LockKeys.for_name(name)
+    presence = inspector.pubsub()
+    await presence.subscribe(keys.channel + ":" + owner[:PROCESS_TAG_LEN])
     grace_ms = 2000 + claim_ms
     args = (owner, lease_ms, "wait", grace_ms, claim_ms, keys.channel, 0)
     reply = await FAIR_ACQUIRE.run(inspector, keys.script_keys, args)
     assert isinstance(reply, list), reply
     assert int(reply[0]) == 0, f"the ghost was not registered: {reply!r}"
+    return presence
 
 
 def background_tasks(client: Client) -> set[asyncio.Task[Any]]:

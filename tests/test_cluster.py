@@ -15,14 +15,18 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
+from redis_locks_async._keys import LockKeys
+from redis_locks_async._notify import presence_channel
 from tests import _introspect
 from tests.servers import ServerProcess, ServerStartError, _admin, running_cluster
+from tests.test_lock_faults import until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -101,6 +105,34 @@ async def test_renewal_keeps_locks_on_every_node(cluster: list[RedisCluster]) ->
     for lock in locks:
         await lock.release()
     assert _introspect.renewal_round_trips(a) >= 2
+
+
+async def test_a_waiting_process_is_present_on_its_locks_node(
+    cluster: list[RedisCluster],
+) -> None:
+    """While a task waits, its process keeps the lock's presence channel subscribed on the
+    node that owns the lock's slot (``SSUBSCRIBE``), where the scripts look for it with
+    ``PUBSUB SHARDNUMSUB`` — else every hand-over would take it for dead and skip it."""
+    a, b = cluster
+    for name in _names_on_every_node(a, "presence"):
+        holder = FairLock(a, name)
+        assert await holder.acquire(blocking=False)
+        waiter = asyncio.create_task(_hold_briefly(FairLock(b, name)))
+        channel = presence_channel(LockKeys.for_name(name).channel)
+        node = a.get_node_from_key(name)
+        await until(
+            lambda: _shard_subscribers(a, node, channel),  # noqa: B023
+            what="the waiter's presence on the lock's node",
+        )
+        await holder.release()
+        assert await asyncio.wait_for(waiter, 10)
+
+
+async def _shard_subscribers(client: RedisCluster, node: Any, channel: str) -> int:
+    reply = await client.execute_command(
+        "PUBSUB", "SHARDNUMSUB", channel, target_nodes=node
+    )
+    return int(reply[1]) if isinstance(reply, list) else int(dict(reply).get(channel, 0))
 
 
 async def test_every_primitive_on_a_cluster(cluster: list[RedisCluster]) -> None:

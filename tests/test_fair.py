@@ -121,7 +121,7 @@ class TestWaitingCost:
         claim = 0.5
         holder = FairLock(client, name, claim_timeout=claim)
         assert await holder.acquire()
-        await introspect.register_ghost(client, name, "ghost", lease_ms=30000, claim_ms=500)
+        ghost = await introspect.register_ghost(client, name, "ghost", lease_ms=30000, claim_ms=500)
         await holder.release()  # hands the lock to the ghost, for `claim` s
         attempts: Counter[str] = Counter()
         watching = asyncio.Event()
@@ -157,6 +157,7 @@ class TestWaitingCost:
         finally:
             spy.cancel()
             await asyncio.wait((spy,), timeout=5)
+            await ghost.aclose()
         assert len(attempts) == 5, attempts
         assert sorted(attempts.values())[:4] == [1, 1, 1, 1], attempts
 

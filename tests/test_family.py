@@ -384,6 +384,59 @@ class TestEveryPrimitive:
                     await task.end()
         await settle(client)
 
+    async def test_killed_waiting_processes_are_skipped_at_once(
+        self,
+        spawn: Spawn,
+        connect: Connect,
+        client: aioredis.Redis,
+        make: Make,
+        kind: str,
+        name: str,
+    ) -> None:
+        """Regression (SPEC §4, a waiter killed in a rolling deploy must not stall the lock —
+        default bound 5 s: a FairLock line with three killed waiting processes ahead of a live
+        waiter handed the lock to each dead process in turn, one claim window apiece — 3 x 2 s
+        by default). A killed process is no longer present on the server (its presence
+        subscription went with its connection), so a hand-over skips its registrations at
+        once: the live waiter gets the lock well within one claim window (3 s here)."""
+        claim = 3.0
+        holder = await holding(make(connect(), name))
+        live: HoldingTask | None = None
+        procs = []
+        try:
+            for count in range(1, 4):
+                proc = await spawn(
+                    name, "--kind", kind, "--claim-timeout", str(claim), "wait", "--tasks", "1"
+                )
+                procs.append(proc)
+                assert await readline(proc) == "waiting"
+                await until(
+                    lambda: _at_least(registered(client, name, kind), count),  # noqa: B023
+                    what="the worker's registration",
+                    within=10,
+                )
+            live = HoldingTask(make(client, name, claim_timeout=claim), timeout=20)
+            await until(
+                lambda: _at_least(registered(client, name, kind), 4),
+                what="the live waiter's registration",
+            )
+            for proc in procs:
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+            await asyncio.sleep(0.2)  # the server has dropped their connections
+            loop = asyncio.get_running_loop()
+            released_at = loop.time()
+            await holder.end()
+            assert await live.wait_acquired(within=4 * claim + 5) is not None
+            waited = loop.time() - released_at
+            assert waited < claim / 2, f"the live waiter waited {waited:.2f} s"
+        finally:
+            if not holder.ended:
+                await holder.end()
+            if live is not None and not live.ended:
+                await live.end()
+        await settle(client)
+
     async def test_no_leaked_keys_or_tasks(
         self,
         proxied: aioredis.Redis,

@@ -62,6 +62,23 @@ class TestLost:
         with pytest.raises(LockNotOwnedError):
             await lock.release()
 
+    async def test_every_release_after_an_inner_release_found_the_loss_says_lost(
+        self, kind: type[Lock], client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (contract probe, S6: an inner release that was the first to find the
+        hold lost on the server forgot the whole hold, so the outer releases raised
+        ``LockNotOwnedError`` — "not held" — instead of ``LockLostError``)."""
+        lock = kind(client, name, lease=30.0)
+        for _ in range(3):
+            assert await lock.acquire(blocking=False)  # hold count 3
+        await client.delete(name)  # renewal has not noticed yet
+        for _ in range(3):
+            with pytest.raises(LockLostError):
+                await lock.release()
+        assert lock.current_lease is None
+        with pytest.raises(LockNotOwnedError):
+            await lock.release()
+
     async def test_acquire_after_a_signalled_loss_is_fresh(
         self, kind: type[Lock], client: aioredis.Redis, name: str
     ) -> None:

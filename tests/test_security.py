@@ -221,7 +221,7 @@ LOCK_COMMANDS = (
     "evalsha", "eval", "script|load", "exists", "type",
     "subscribe", "unsubscribe", "ping",
     # called by the scripts (checked like any other command)
-    "publish", "time", "del", "pexpire", "pttl",
+    "publish", "pubsub|numsub", "time", "del", "pexpire", "pttl",
     "hget", "hmget", "hgetall", "hlen", "hset", "hdel",
     "zadd", "zrem", "zscore", "zcard", "zcount", "zrange", "zremrangebyscore", "zremrangebyrank",
 )  # fmt: skip

@@ -129,9 +129,7 @@ async def test_a_waiting_process_is_present_on_its_locks_node(
 
 
 async def _shard_subscribers(client: RedisCluster, node: Any, channel: str) -> int:
-    reply = await client.execute_command(
-        "PUBSUB", "SHARDNUMSUB", channel, target_nodes=node
-    )
+    reply = await client.execute_command("PUBSUB", "SHARDNUMSUB", channel, target_nodes=node)
     return int(reply[1]) if isinstance(reply, list) else int(dict(reply).get(channel, 0))
 
 

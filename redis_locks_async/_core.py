@@ -78,6 +78,7 @@ _T = TypeVar("_T")
 
 REGISTRATION_GRACE: Final = 2.0  # seconds a registration outlives the holder's lease (+ claim)
 TRY_BOUND: Final = 1.0  # seconds a single attempt (blocking=False) waits for its reply
+REPLICA_WAIT_FLOOR: Final = 0.05  # seconds a replica sync may wait past the caller's deadline
 # Seconds a waiter that gives up waits for its clean-up: a round trip on a healthy server;
 # when the server stopped answering mid-wait, this is how late a timeout returns (was 0.5 s).
 CLEANUP_GRACE: Final = 0.1
@@ -675,7 +676,8 @@ class LockBase:
         if refused is not None:
             raise LockError(f"cannot acquire {self._name!r}: {refused}", name=self._name)
         limit = wait if blocking else 0.0
-        deadline = None if limit is None else runtime.loop.time() + max(limit, TRY_BOUND)
+        # The replica sync ends with the caller's deadline (a try's: TRY_BOUND).
+        deadline = None if limit is None else runtime.loop.time() + (limit or TRY_BOUND)
         key = (policy.hold_key, task)
         acquiring = runtime.acquiring
         acquiring[key] = acquiring.get(key, 0) + 1
@@ -700,12 +702,13 @@ class LockBase:
         replicas in one pipeline on one connection — the renewal follows the acquisition in the
         replication stream, so its acknowledgement covers the lock. Too few acknowledgements,
         an error or a cancellation give the lock up (fenced, in the background) and fail. The
-        wait ends at the caller's ``deadline`` too (at least about a second after the call)."""
+        wait ends at the caller's ``deadline`` too, but is given at least REPLICA_WAIT_FLOOR
+        (a healthy replica acknowledges within a round trip)."""
         hold = runtime.holds[(self._policy.hold_key, task)]
         wanted, timeout = self._replicas, self._replica_timeout
         loop = runtime.loop
         if deadline is not None:
-            timeout = max(0.001, min(timeout, deadline - loop.time()))
+            timeout = min(timeout, max(REPLICA_WAIT_FLOOR, deadline - loop.time()))
         ends = loop.time() + timeout
         call = self._policy.renew(hold.owner, hold.lease)
         waits = ("WAITAOF", 0, wanted) if self._replica_fsync else ("WAIT", wanted)

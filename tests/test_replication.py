@@ -139,7 +139,9 @@ async def test_replica_sync_on_an_empty_script_cache_keeps_its_time_and_gives_up
 
 async def test_replica_sync_ends_with_the_callers_timeout(pair: Pair) -> None:
     """Review finding: the replica sync waited ``replica_timeout`` (+1 s) whatever the caller's
-    ``acquire(timeout=…)``; it now ends with the caller's deadline (at least about a second)."""
+    ``acquire(timeout=…)``; it now ends with the caller's deadline. Regression (contract probe,
+    SPEC §4 "returns within about t"): it was given at least a second — ``timeout=0.2``
+    returned after 1.0-1.2 s; now at most 50 ms past the deadline."""
     client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
     try:
         await asyncio.to_thread(pair.cut_replica)
@@ -147,7 +149,7 @@ async def test_replica_sync_ends_with_the_callers_timeout(pair: Pair) -> None:
         started = time.monotonic()
         with pytest.raises(LockError, match="replicas acknowledged"):
             await lock.acquire(timeout=0.2)
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < 0.2 + 0.4
         await _introspect.drain(client)
         assert not await lock.locked()
     finally:

@@ -925,6 +925,8 @@ class LockBase:
             logger.warning("leaving %r while %s: %s", self._name, type(exc).__name__, error)
 
     def __repr__(self) -> str:
+        if not hasattr(self, "_counters"):  # a constructor that refused its arguments
+            return f"<{type(self).__name__} (not constructed)>"
         try:
             state = self.state.value
         except RuntimeError:

@@ -27,7 +27,10 @@ The listener task owns the connection's life:
 **Presence.** Beside each lock channel the hub subscribes ``<channel>:<process tag>``
 (:func:`presence_channel`), in the same command and first, so a waiter's registration is
 always made while its process is visibly present on the server; the scripts skip the
-registrations of a process that is not (killed: the server dropped its connection).
+registrations of a process that is not (killed: the server dropped its connection). A child
+forked while the hub was connected would keep that connection open — and its parent present
+after the parent died — so the child lets go of its copies of the hubs' sockets at once
+(:func:`_after_fork_in_child`).
 
 ``sharded=True`` (Redis Cluster) uses ``SSUBSCRIBE``/``SUNSUBSCRIBE``; a server-sent
 ``sunsubscribe`` for a channel still wanted (its slot moved) subscribes it again.
@@ -36,7 +39,10 @@ registrations of a process that is not (killed: the server dropped its connectio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol, final
 
@@ -150,6 +156,7 @@ class SubscriptionHub:
         self._generation = 0  # bumped on every reset: a stale send does not reset a new one
         self._emptied: asyncio.Future[None] | None = None
         self.reconnects = 0
+        _hubs.add(self)
 
     # -- the lots ------------------------------------------------------------------------------
 
@@ -447,6 +454,46 @@ class SubscriptionHub:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             await _close_quietly(pubsub)
+
+
+_hubs: weakref.WeakSet[SubscriptionHub] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a child forked from this process: point this copy of every hub's pub/sub socket at
+    ``/dev/null`` (nothing is sent; the parent's connection is untouched). Otherwise the
+    child's copy keeps the connection — and the parent's presence — alive after the parent
+    died, and each of its waiters would cost a claim window. The file descriptor stays valid
+    (``dup2``), so whatever later closes it in the child closes ``/dev/null``, not a file the
+    child opened meanwhile. (An event loop does not survive a fork: the child never uses
+    these connections.)"""
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        for hub in list(_hubs):
+            fd = _socket_fd(hub._pubsub)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def _socket_fd(pubsub: Any) -> int | None:
+    """The file descriptor of ``pubsub``'s connection, if it has an open one."""
+    try:
+        transport = pubsub.connection._writer.transport
+        sock = transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+    except (AttributeError, OSError):
+        return None
+    return fd if fd >= 0 else None
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 async def _close_quietly(pubsub: Any) -> None:

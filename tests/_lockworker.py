@@ -11,11 +11,13 @@ permits, default 1); ``--claim-timeout`` sets the lock's dead-waiter bound (defa
     Acquire the lock, print ``held <fencing token>`` (flushed), then sleep until killed. The
     lease is auto-renewed, so the lock outlives its lease only while this process lives: the
     test SIGKILLs it and measures how soon a waiter takes over.
-``wait [--release-after S]``
-    Print ``waiting`` (flushed), then wait for the lock with no timeout; once it holds it, print
-    ``held <fencing token> <monotonic ns>``. Without ``--release-after`` it then sleeps until
-    killed (the test SIGKILLs it while it waits — its registration on the server — to play a
-    worker killed in a rolling deploy); with it, it holds ``S`` seconds, releases, prints
+``wait [--release-after S] [--tasks T] [--fork-helper]``
+    Print ``waiting`` (flushed), then wait for the lock with no timeout (``--fork-helper``: on
+    a line on stdin, fork a child that sleeps a minute, and print ``child <pid>``); once it
+    holds it, print ``held <fencing token> <monotonic ns>``. Without ``--release-after`` it
+    then sleeps until killed (the test SIGKILLs it while it waits — its registration on the
+    server — to play a worker killed in a rolling deploy); with it, it holds ``S`` seconds,
+    releases, prints
     ``released`` and exits.
 ``contend --tasks T --rounds R [--stay-ms M]``
     Print ``ready`` and wait for a line on stdin (the test's start signal, so every process
@@ -49,6 +51,7 @@ import asyncio
 import contextlib
 import fcntl
 import math
+import multiprocessing
 import os
 import random
 import signal
@@ -154,6 +157,15 @@ async def _hold(args: argparse.Namespace) -> None:
     await asyncio.Event().wait()  # until SIGKILL
 
 
+def _sleeping_helper() -> None:
+    """A forked helper's body: it sleeps a minute, away from the test's pipes (so the test
+    sees its parent's output end when the parent dies)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(null, fd)
+    time.sleep(60)
+
+
 async def _wait(args: argparse.Namespace) -> None:
     lock, clients = _open(args)
     print("waiting", flush=True)
@@ -168,7 +180,15 @@ async def _wait(args: argparse.Namespace) -> None:
         await asyncio.sleep(args.release_after)
         await lock.release()
 
-    await asyncio.gather(*(one() for _ in range(args.tasks)))
+    waiting = [asyncio.create_task(one()) for _ in range(args.tasks)]
+    if args.fork_helper:
+        # While waiting, start a helper process the way a worker pool does (fork): it inherits
+        # every open socket — the pub/sub connection too — and outlives a SIGKILLed parent.
+        await asyncio.to_thread(sys.stdin.readline)
+        helper = multiprocessing.get_context("fork").Process(target=_sleeping_helper)
+        helper.start()
+        print(f"child {helper.pid}", flush=True)
+    await asyncio.gather(*waiting)
     await _close(clients)
     print("released", flush=True)
 
@@ -294,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     wait = modes.add_parser("wait")
     wait.add_argument("--release-after", type=float, default=None)
     wait.add_argument("--tasks", type=int, default=1, help="waiting tasks (all on one lock)")
+    wait.add_argument(
+        "--fork-helper", action="store_true", help="fork a sleeping child on a line on stdin"
+    )
     contend = modes.add_parser("contend")
     contend.add_argument("--tasks", type=int, default=3)
     contend.add_argument("--rounds", type=int, default=20)

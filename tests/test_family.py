@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import re
 import secrets
 import signal
@@ -431,6 +432,65 @@ class TestEveryPrimitive:
             waited = loop.time() - released_at
             assert waited < claim / 2, f"the live waiter waited {waited:.2f} s"
         finally:
+            if not holder.ended:
+                await holder.end()
+            if live is not None and not live.ended:
+                await live.end()
+        await settle(client)
+
+    async def test_a_killed_waiting_process_with_a_forked_child_is_skipped(
+        self,
+        spawn: Spawn,
+        connect: Connect,
+        client: aioredis.Redis,
+        make: Make,
+        kind: str,
+        name: str,
+    ) -> None:
+        """Regression (attack on the presence change: a waiting process that had forked a
+        helper — a worker pool — was still present after its SIGKILL: the child's copy of the
+        pub/sub socket kept the connection open, so each such process cost a claim window
+        again). A forked child now lets go of its copies of the hubs' sockets."""
+        claim = 3.0
+        holder = await holding(make(connect(), name))
+        live: HoldingTask | None = None
+        child = 0
+        try:
+            proc = await spawn(
+                name,
+                "--kind", kind, "--claim-timeout", str(claim), "wait", "--fork-helper",
+                stdin=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            assert await readline(proc) == "waiting"
+            await until(
+                lambda: _at_least(registered(client, name, kind), 1),
+                what="the worker's registration",
+                within=10,
+            )
+            assert proc.stdin is not None
+            proc.stdin.write(b"fork\n")
+            await proc.stdin.drain()
+            line = await readline(proc)
+            assert line.startswith("child "), line
+            child = int(line.split()[1])
+            live = HoldingTask(make(client, name, claim_timeout=claim), timeout=20)
+            await until(
+                lambda: _at_least(registered(client, name, kind), 2),
+                what="the live waiter's registration",
+            )
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            await asyncio.sleep(0.2)  # the server has dropped the connection
+            loop = asyncio.get_running_loop()
+            released_at = loop.time()
+            await holder.end()
+            assert await live.wait_acquired(within=2 * claim + 5) is not None
+            waited = loop.time() - released_at
+            assert waited < claim / 2, f"the live waiter waited {waited:.2f} s"
+        finally:
+            if child:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
             if not holder.ended:
                 await holder.end()
             if live is not None and not live.ended:

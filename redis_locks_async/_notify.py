@@ -49,6 +49,7 @@ from typing import Any, Final, Protocol, final
 from redis.exceptions import RedisError, ResponseError
 
 from ._errors import LockError
+from ._keys import key_slot
 from ._owners import process_tag
 from ._parking import ParkingLot, decode
 
@@ -79,6 +80,14 @@ def _with_presence(channel: str) -> tuple[str, str]:
     """``channel``'s presence channel, then ``channel``, to (un)subscribe in one command: the
     confirmation of ``channel`` then also confirms its presence."""
     return presence_channel(channel), channel
+
+
+def _by_slot(channels: list[str]) -> list[list[str]]:
+    """``channels`` grouped by cluster slot, each group in its original order."""
+    groups: dict[int, list[str]] = {}
+    for channel in channels:
+        groups.setdefault(key_slot(channel), []).append(channel)
+    return list(groups.values())
 
 
 def _text(value: object) -> str:
@@ -326,9 +335,12 @@ class SubscriptionHub:
             pubsub = self._make_pubsub()
             channels = [each for channel in self._channels for each in _with_presence(channel)]
             command = "ssubscribe" if self._sharded else "subscribe"
+            # One SSUBSCRIBE may only name channels of one slot (else CROSSSLOT).
+            batches = (_by_slot(channels) if self._sharded else None) or [channels]
             self._asked(channels)
             try:
-                await asyncio.wait_for(getattr(pubsub, command)(*channels), _SEND_TIMEOUT)
+                for batch in batches:
+                    await asyncio.wait_for(getattr(pubsub, command)(*batch), _SEND_TIMEOUT)
             except BaseException:
                 self._spawn(_close_quietly(pubsub))
                 raise

@@ -128,6 +128,44 @@ async def test_a_waiting_process_is_present_on_its_locks_node(
         assert await asyncio.wait_for(waiter, 10)
 
 
+@pytest.mark.parametrize("kind", [Lock, FairLock], ids=["Lock", "FairLock"])
+async def test_waiting_on_two_slots_of_one_node(
+    cluster: list[RedisCluster], kind: type[Lock]
+) -> None:
+    """Regression (contract probe: one process waiting on two locks whose slots differ but
+    live on one node — its hub (re)connected with every channel in one ``SSUBSCRIBE``, which
+    a cluster refuses (CROSSSLOT): the waiters failed at once with ``LockError``, or, after a
+    pub/sub kill, never got their subscriptions back and timed out while the locks were
+    free). The hub now subscribes one slot per command."""
+    a, b = cluster
+    first = "twoslots:0"
+    node = a.get_node_from_key(first)
+    second = next(
+        name
+        for name in (f"twoslots:{i}" for i in range(1, 1000))
+        if a.get_node_from_key(name) == node and a.keyslot(name) != a.keyslot(first)
+    )
+    for kill in (False, True):
+        holders = [kind(a, first), kind(a, second)]
+        for holder in holders:
+            assert await holder.acquire(blocking=False)
+        waiters = [
+            asyncio.create_task(_hold_briefly(kind(b, name), timeout=10))
+            for name in (first, second)
+        ]
+        await asyncio.sleep(0.3)  # both wait: their hub connected, subscribing both channels
+        assert not any(w.done() for w in waiters), [w for w in waiters if w.done()]
+        if kill:
+            await a.execute_command("CLIENT", "KILL", "TYPE", "pubsub", target_nodes=node)
+            await asyncio.sleep(0.5)  # the hub reconnects, subscribing both again
+        loop = asyncio.get_running_loop()
+        released = loop.time()
+        for holder in holders:
+            await holder.release()
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 12) == [True, True]
+        assert loop.time() - released < 2.0, f"kill={kill}: woken only by a fallback"
+
+
 async def _shard_subscribers(client: RedisCluster, node: Any, channel: str) -> int:
     reply = await client.execute_command("PUBSUB", "SHARDNUMSUB", channel, target_nodes=node)
     return int(reply[1]) if isinstance(reply, list) else int(dict(reply).get(channel, 0))
@@ -169,8 +207,8 @@ async def test_every_primitive_on_a_cluster(cluster: list[RedisCluster]) -> None
     await sem_b.release()
 
 
-async def _hold_briefly(lock: Lock | FairLock | Semaphore) -> bool:
-    if not await lock.acquire(timeout=10):
+async def _hold_briefly(lock: Lock | FairLock | Semaphore, timeout: float = 10) -> bool:
+    if not await lock.acquire(timeout=timeout):
         return False
     await lock.release()
     return True

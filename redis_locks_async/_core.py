@@ -812,9 +812,7 @@ class LockBase:
         except BaseException as exc:
             # The renewal may have run all the same (its reply late or lost, the caller
             # cancelled): the server's lease may now be the shorter one.
-            _maybe_shortened(runtime, hold, sent_at, length)
-            if isinstance(exc, (RedisError, OSError)):
-                raise await self._explain(exc, "extend") from exc
+            await self._setting_failed(runtime, hold, sent_at, length, exc, "extend")
             raise
         if int(renewed) != 1:  # type: ignore[call-overload]
             self._lose(runtime, hold, "extend found the lock expired or held by another owner")
@@ -1417,6 +1415,34 @@ class LockBase:
             name=self._name,
         )
 
+    async def _setting_failed(
+        self,
+        runtime: Runtime,
+        hold: Hold,
+        sent_at: float,
+        length: float,
+        exc: BaseException,
+        action: str,
+    ) -> None:
+        """An extend or a re-entry sent at ``sent_at``, setting a lease of ``length``, failed
+        with ``exc`` in a way after which it may have run: count on the shorter lease if it
+        was shorter, and raise what the caller must see for a server's error — the loss, if
+        the lease it may have set has already ended (:class:`LockLostError`: ``remaining()``
+        says 0, and another owner may hold the lock now), else a :class:`LockError`. Returns
+        for any other exception (a cancellation: the caller re-raises it)."""
+        _maybe_shortened(runtime, hold, sent_at, length)
+        if not isinstance(exc, (RedisError, OSError)):
+            return
+        if hold.state is HoldState.HELD and hold.expires_at <= runtime.loop.time():
+            self._lose(runtime, hold, f"the {action} failed and the lease it may have set ended")
+            self._abandon_lost(runtime, hold)  # the hold stays the task's, lost
+        if hold.state is HoldState.LOST:
+            raise LockLostError(
+                f"cannot {action} {self._name!r}: the lease was lost ({hold.lost_reason})",
+                name=self._name,
+            ) from exc
+        raise await self._explain(exc, action) from exc
+
     def _forget_lost(self, runtime: Runtime, hold: Hold) -> None:
         """Forget a lost hold, and release what may still be ours on the server (a lease lost
         because its renewals went unanswered may still be alive there): fenced, harmless if
@@ -1458,9 +1484,7 @@ class LockBase:
             # The re-entry may have run all the same (its reply late or lost, the caller
             # cancelled): its undo drops the entry, not the TTL it set, so the server's lease
             # may now be the shorter one (as in extend).
-            _maybe_shortened(runtime, hold, sent_at, length)
-            if isinstance(exc, (RedisError, OSError)):
-                raise await self._explain(exc, "re-enter") from exc
+            await self._setting_failed(runtime, hold, sent_at, length, exc, "re-enter")
             raise
         self._check_reply(reply, "re-enter")
         if reply.status != 1:

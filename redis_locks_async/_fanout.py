@@ -47,7 +47,9 @@ lease lasts, exactly as it retries a single server's connection errors. A releas
 a quorum released; when its last master is in (or timed out), every master that did not answer
 "released" is swept — one that was merely slower than the quorum costs nothing more — and so is
 one that answered while the hold's own attempt there was still in flight (a retrying client
-may re-send it).
+may re-send it). A drop of a re-entry (an inner release, or the undo of a cancelled re-entry)
+is sent once more, when every master answered both, to each master that answered the drop before
+the re-entry or did not confirm it (:class:`_Entry`).
 The keeper's pipeline becomes one pipeline per master per tick, folded as soon as a quorum
 decided each renewal in it (a stopped master is not waited for).
 
@@ -148,10 +150,28 @@ def _took(reply: object) -> bool:
 
 
 @final
+class _Entry:
+    """One re-entry of a hold on the masters, while its round or a drop of it is under way:
+    a drop that reached a master before the re-entry's own reply came from there may have run
+    first there, and left the entry behind — it is sent there once more when both are in."""
+
+    __slots__ = ("answered", "dropping", "resend", "rounds", "unsure")
+
+    def __init__(self, masters: int, rounds: int) -> None:
+        # The masters whose re-entry reply (or error, or time-out) is in (all of them, for an
+        # entry whose re-entry rounds are over).
+        self.answered: set[int] = set() if rounds else set(range(masters))
+        self.rounds = rounds  # the re-entry rounds of this entry still waiting for a master
+        self.dropping = 0  # the drops of this entry still waiting for a master
+        self.unsure: set[int] = set()  # the masters a drop may have left the entry on
+        self.resend: Callable[[Any], Awaitable[object]] | None = None  # the drop, once more
+
+
+@final
 class _Owner:
     """What one acquisition (an owner id of the core) reached on the masters."""
 
-    __slots__ = ("channel", "flying", "keys", "lease", "node_timeout", "open", "value")
+    __slots__ = ("channel", "entries", "flying", "keys", "lease", "node_timeout", "open", "value")
 
     def __init__(self, keys: tuple[str | bytes, ...], node_timeout: float) -> None:
         self.keys = keys  # the lock's script keys (the clean-ups address them too)
@@ -168,6 +188,8 @@ class _Owner:
         # Each master's reply is waited for this long, in every round of this acquisition
         # (the node_timeout of the RedLock object that started it).
         self.node_timeout = node_timeout
+        # Re-entries whose round, or a drop of which, is still under way (see _Entry).
+        self.entries: dict[str, _Entry] = {}
 
     def lengthen(self, lease_ms: object) -> None:
         """A command of this acquisition sets a lease of ``lease_ms`` on the masters."""
@@ -371,8 +393,16 @@ class FanOut:
         lease = int(args[-1]) / 1000
         loop = asyncio.get_running_loop()
         started = loop.time()
+        answered: Callable[[int], None] | None = None
+        settled: Callable[[list[object]], None] | None = None
+        if role == "reenter":
+            answered, settled = self._reentering(state, str(args[1]))
         held, results = await self._round(
-            lambda c: script.run(c, keys, (value, *args[1:])), _took, state.node_timeout
+            lambda c: script.run(c, keys, (value, *args[1:])),
+            _took,
+            state.node_timeout,
+            settled,
+            answered,
         )
         # An extension counts only if the quorum made it within its validity: the round waits
         # the acquiring object's node_timeout, which a re-entry through an object of a shorter
@@ -492,6 +522,10 @@ class FanOut:
         wanted = 1 if mode == "entry" else 0
         final = mode == "final"
         flying = state.flying
+
+        def command(client: Any) -> Awaitable[object]:
+            return script.run(client, keys, (value, *args[1:]))
+
         # The masters that answered this release while the hold's attempt there was still in
         # flight: a re-sent attempt may take the key again after the release (swept).
         overtaken: set[int] = set()
@@ -517,13 +551,17 @@ class FanOut:
                 state.open.discard(value)
                 self._tidy(owner)
 
+        on_answered: Callable[[int], None] = answered
+        on_settled: Callable[[list[object]], None] = released
+        if not final:
+            on_answered, on_settled = self._dropping(state, str(args[2]), command)
         try:
             done, results = await self._round(
-                lambda c: script.run(c, keys, (value, *args[1:])),
+                command,
                 lambda r: _status(r) == wanted,
                 state.node_timeout,
-                released if final else None,
-                answered if final else None,
+                on_settled,
+                on_answered,
             )
         except Exception:
             # Not a server's error (the caller sees it): the hold ends here all the same, and
@@ -548,6 +586,64 @@ class FanOut:
             # (it names the key), not a network's to retry.
             raise refused[0]
         raise _no_quorum(results, "release")
+
+    # -- re-entries and their drops ------------------------------------------------------------
+
+    def _reentering(
+        self, state: _Owner, entry: str
+    ) -> tuple[Callable[[int], None], Callable[[list[object]], None]]:
+        """A re-entry round of ``entry`` starts: the callbacks that note its masters' replies
+        (``answered``) and its end (``settled``)."""
+        track = state.entries.get(entry)
+        if track is None:
+            track = state.entries[entry] = _Entry(len(self.masters), 1)
+        else:
+            track.rounds += 1  # re-sent with the same entry id
+        final = track
+
+        def settled(_: list[object]) -> None:
+            final.rounds -= 1
+            self._entry_settled(state, entry, final)
+
+        return final.answered.add, settled
+
+    def _dropping(
+        self, state: _Owner, entry: str, command: Callable[[Any], Awaitable[object]]
+    ) -> tuple[Callable[[int], None], Callable[[list[object]], None]]:
+        """A drop of ``entry`` (an inner release, or the undo of a cancelled re-entry) starts:
+        the callbacks that note the masters it may have left the entry on — those that
+        answered it before their re-entry reply came, and those that did not confirm it."""
+        track = state.entries.get(entry)
+        if track is None:
+            track = state.entries[entry] = _Entry(len(self.masters), 0)
+        track.dropping += 1
+        track.resend = command
+        final = track
+
+        def answered(index: int) -> None:
+            if index not in final.answered:
+                final.unsure.add(index)
+
+        def settled(results: list[object]) -> None:
+            final.unsure.update(i for i, r in enumerate(results) if _status(r) != 1)
+            final.dropping -= 1
+            self._entry_settled(state, entry, final)
+
+        return answered, settled
+
+    def _entry_settled(self, state: _Owner, entry: str, track: _Entry) -> None:
+        """Once every master answered the re-entry and its drop: the drop is sent once more
+        to the masters it may have missed (best effort — a master that missed that too keeps
+        the entry until the hold ends; ``"entry"`` on a key the owner no longer holds does
+        nothing)."""
+        if track.rounds or track.dropping:
+            return
+        if state.entries.get(entry) is track:
+            del state.entries[entry]
+        if track.resend is None or not track.unsure:
+            return
+        for index in sorted(track.unsure):
+            self._spawn(self._one(self.masters[index], track.resend, state.node_timeout))
 
     def _sweep(
         self, state: _Owner, owner: str, value: str, only: Sequence[int] | None = None

@@ -26,6 +26,14 @@ network never keeps a lease "held" past its end. A client whose connection pool 
 (``max_connections`` reached in a burst of acquisitions) sent nothing: that is no failure, and
 the keeper tries again every 10 ms, as the acquisitions competing with it do.
 
+A lease whose end passes while its renewal is still unanswered is lost **at its end**, not when
+the round trip returns or times out: a watchdog timer, armed at the earliest local expiry of the
+holds kept, marks every hold still held past its expiry lost (its guarded blocks cancelled, its
+``on_lost`` called) on time. Another owner may take the lock from that moment (a ``RedLock``'s
+validity keeps only ``lease·1 % + 2 ms`` of margin), so the signal must not wait for a round
+that answers late: the round's answer, when it comes, is ignored for a hold that is no longer
+held. The hold's release later gives up whatever the late renewal may have kept on the server.
+
 The keeper also confirms hand-overs (a lock handed to a waiting task is granted a short claim
 window; the confirmation is an ordinary renewal, due at once) and watches leases without
 auto-renewal, only to mark them lost when they expire. A hold that is no longer live (released,
@@ -66,6 +74,9 @@ _MIN_BOUND: Final = 0.05  # the shortest time a renewal round trip is given
 # Renewals due within this much of the batch's moment go with it: beats of different periods
 # that meet (lease 3 s and 30 s) are equal only up to floating-point rounding.
 _SLACK: Final = 0.001
+# The watchdog may fire a timer's clock resolution early: a hold this close to its end is taken
+# as ended (lost a little early, never late), rather than re-arming the timer for it at once.
+_EARLY: Final = 0.0005
 _PHASE_RANGE: Final = 3600.0  # seconds; beats of whole-multiple periods still coincide
 
 
@@ -110,6 +121,8 @@ class LeaseKeeper:
         self._task: asyncio.Task[None] | None = None
         self._kick: asyncio.Future[None] | None = None
         self._wake_at: float | None = None  # when the sleeping keeper wakes by itself
+        self._watch: asyncio.TimerHandle | None = None  # the expiry watchdog (module docstring)
+        self._watch_at = math.inf
         self._failures = 0
         self._closed = False  # a cancellation swallowed by redis-py must not keep it running
         # Where this keeper's beats fall (module docstring). Not a secret: it only spreads the
@@ -129,6 +142,7 @@ class LeaseKeeper:
     def add(self, hold: Hold) -> None:
         """Start keeping ``hold`` (renewing it, confirming it, or watching it expire)."""
         self._holds.add(hold)
+        self._arm(hold.expires_at)
         if self._task is None or self._task.done():
             self._on_beat(hold, hold.renew_at)
             self._task = self._spawn(self._run())
@@ -138,6 +152,7 @@ class LeaseKeeper:
     def reschedule(self, hold: Hold) -> None:
         """``hold``'s schedule changed (a new lease, a confirmation): wake up in time."""
         self._on_beat(hold, hold.renew_at)
+        self._arm(hold.expires_at)
         if self._wake_at is not None and _due_at(hold) < self._wake_at:
             self._wake_at = None
             if self._kick is not None and not self._kick.done():
@@ -146,6 +161,36 @@ class LeaseKeeper:
     def discard(self, hold: Hold) -> None:
         """Stop keeping ``hold`` (released or lost)."""
         self._holds.discard(hold)
+
+    def _arm(self, at: float) -> None:
+        """Have the watchdog look at the holds by ``at`` (a hold's expiry) at the latest."""
+        if at >= self._watch_at or self._closed:
+            return
+        if self._watch is not None:
+            self._watch.cancel()
+        self._watch_at = at
+        self._watch = asyncio.get_running_loop().call_at(at, self._expire)
+
+    def _expire(self) -> None:
+        """The watchdog: every hold still held past its local expiry is lost now — also one
+        whose renewal is in flight (its answer would come too late to count). Re-armed at the
+        earliest expiry left."""
+        self._watch = None
+        self._watch_at = math.inf
+        now = asyncio.get_running_loop().time()
+        earliest = math.inf
+        for hold in list(self._holds):
+            if hold.state is not HoldState.HELD:
+                continue
+            if hold.expires_at <= now + _EARLY:
+                if hold.wants_renewal:
+                    self._lose(hold, "the lease ended before a renewal of it was confirmed")
+                else:
+                    self._lose(hold, hold.expiry_reason)
+            else:
+                earliest = min(earliest, hold.expires_at)
+        if earliest < math.inf:
+            self._arm(earliest)
 
     def _on_beat(self, hold: Hold, latest: float) -> None:
         """Schedule ``hold``'s next renewal on the last beat of its period at or before
@@ -256,6 +301,9 @@ class LeaseKeeper:
                 reload[script.sha] = script.source
             failed = self.judge(hold, result, sent_at, now, lease) or failed
         self._failures = self._failures + 1 if failed else 0
+        for hold in due:
+            if hold.live:
+                self._arm(hold.expires_at)  # a crossed renewal may have shortened it
         for source in reload.values():
             try:
                 await asyncio.wait_for(topology.client.script_load(source), bound)
@@ -334,6 +382,9 @@ class LeaseKeeper:
         """Stop renewing (the leases then end on the server by themselves)."""
         self._closed = True
         self._holds.clear()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

@@ -226,3 +226,71 @@ async def test_owned_is_false_once_the_task_gave_its_hold_up(
         await asyncio.wait_for(lock.release(), 0.05)
     assert not lock.owned()  # given up, its confirmation still on the way
     fault_proxy.heal()
+
+
+async def _rival_takes(lock: Lock, stop_at: float) -> float | None:
+    """Try ``lock`` every 2 ms until ``stop_at`` (loop time); when it was taken, or ``None``."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < stop_at:
+        if await lock.acquire(blocking=False):
+            taken_at = loop.time()
+            await lock.release()
+            return taken_at
+        await asyncio.sleep(0.002)
+    return None
+
+
+async def test_loss_is_signalled_by_the_lease_end_while_a_renewal_is_unanswered(
+    proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+) -> None:
+    """A lease whose renewals go unanswered is told lost (``on_lost``, the ``guarded()`` block
+    cancelled) before another client can take the lock. (The RedLock case, where it was not:
+    ``test_redlock.py::test_loss_is_signalled_before_a_rival_gets_in``.)"""
+    loop = asyncio.get_running_loop()
+    lost_at: list[float] = []
+    lock = Lock(proxied, name, lease=0.5, on_lost=lambda _: lost_at.append(loop.time()))
+    rival = Lock(client, name, lease=5.0)
+    with pytest.raises(LockLostError):
+        async with lock.guarded():
+            fault_proxy.blackhole()  # every renewal from now on goes unanswered
+            taking = asyncio.create_task(_rival_takes(rival, loop.time() + 3.0))
+            await asyncio.sleep(10)  # cancelled when the loss is signalled
+    block_ended_at = loop.time()
+    taken_at = await taking
+    fault_proxy.heal()
+    assert taken_at is not None, "the lease never ended on the server"
+    assert lost_at and lost_at[0] <= taken_at, "another client got in before the loss was told"
+    assert block_ended_at <= taken_at, "the guarded block ran beside another holder"
+
+
+async def test_extend_that_failed_after_its_shorter_lease_ended_reports_the_loss(
+    proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
+) -> None:
+    """Regression (an ``extend(shorter)`` whose reply was lost raised a plain ``LockError``:
+    the hold counted on the shorter lease it may have set, which had already ended —
+    ``remaining()`` said 0 — yet the lease was not marked lost, so ``guarded()`` blocks went on
+    and ``on_lost`` was never called). It raises ``LockLostError`` and marks the lease lost."""
+    lost: list[object] = []
+    lock = Lock(proxied, name, lease=30.0, on_lost=lost.append)
+    held = asyncio.Event()
+
+    async def holder() -> None:
+        assert await lock.acquire()
+        held.set()
+        await asyncio.sleep(0.05)  # the test holds the replies
+        try:
+            with pytest.raises(LockLostError):
+                await lock.extend(0.05)
+            assert lock.current_lease is not None and lock.current_lease.lost and lost
+        finally:
+            fault_proxy.heal()
+            with pytest.raises(LockLostError):
+                await lock.release()
+
+    task = asyncio.create_task(holder())
+    await held.wait()
+    fault_proxy.hold_replies()
+    await fault_proxy.wait_held()  # the extend ran: the server's lease is now 50 ms
+    await asyncio.sleep(0.1)
+    fault_proxy.lose_held()  # its reply is lost with a connection error
+    await task

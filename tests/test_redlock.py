@@ -30,7 +30,7 @@ from redis_locks_async import (
     RedLock,
     _fanout,
 )
-from redis_locks_async._lock import LOCK_ACQUIRE, LOCK_RELEASE
+from redis_locks_async._lock import LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE
 from redis_locks_async._redlock import EvenMastersWarning
 from tests import _introspect as introspect
 from tests._workers import assert_exclusive, contend, worker_process
@@ -557,6 +557,91 @@ class TestLease:
             masters[2].resume()
         await settle(lock)
 
+    @pytest.mark.parametrize("lease", [0.6, 1.0])
+    async def test_loss_is_signalled_before_a_rival_gets_in(
+        self,
+        proxies: list[FaultProxy],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+        lease: float,
+    ) -> None:
+        """Regression (a hold was marked lost only when a renewal round *returned*: with a
+        majority unreachable, the rounds fail after ``node_timeout`` and are retried ever
+        closer to the lease's end, so the last one was still in flight when the validity ran
+        out — the loss came up to ``node_timeout`` late, longer than the drift margin of a
+        lease under ~5 s. A rival acquired while the holder's ``guarded()`` block still ran,
+        5 to 12 ms, in 5 runs of 5 at a 1 s lease). The loss is told at the validity's end."""
+        loop = asyncio.get_running_loop()
+        lost_at: list[float] = []
+        lock = RedLock(
+            clients(urls=[p.url for p in proxies[:3]]),
+            name,
+            lease=lease,
+            on_lost=lambda _: lost_at.append(loop.time()),
+        )
+        rival = RedLock(inspectors[:3], name, lease=5.0)
+
+        async def rival_takes() -> float | None:
+            while loop.time() < stop_at:
+                if await rival.acquire(blocking=False):
+                    taken_at = loop.time()
+                    await rival.release()
+                    return taken_at
+                await asyncio.sleep(0.002)
+            return None
+
+        try:
+            with pytest.raises(LockLostError):
+                async with lock.guarded():
+                    proxies[1].blackhole()
+                    proxies[2].blackhole()
+                    stop_at = loop.time() + lease + 2.0
+                    taking = asyncio.create_task(rival_takes())
+                    await asyncio.sleep(10)  # cancelled when the loss is told
+            block_ended_at = loop.time()
+            taken_at = await taking
+        finally:
+            proxies[1].heal()
+            proxies[2].heal()
+        assert taken_at is not None, "the holder's keys never expired"
+        assert lost_at and lost_at[0] <= taken_at, (lost_at, taken_at)
+        assert block_ended_at <= taken_at, (block_ended_at, taken_at)
+        await settle(lock)
+        await settle(rival)
+
+    async def test_extend_to_a_lease_shorter_than_its_round_is_a_loss(
+        self, proxies: list[FaultProxy], clients: Clients, name: str
+    ) -> None:
+        """Regression (an ``extend(shorter)`` that got no quorum — two of three masters
+        unreachable — within its own validity raised a plain ``LockError`` from the
+        ``QuorumError``, though the shorter lease it may have set on the masters that answered
+        had ended and ``remaining()`` said 0: the lease was not marked lost). It raises
+        ``LockLostError`` and the lease is lost."""
+        lost: list[object] = []
+        lock = RedLock(
+            clients(urls=[p.url for p in proxies[:3]]),
+            name,
+            lease=10.0,
+            node_timeout=0.3,
+            on_lost=lost.append,
+        )
+        await lock.acquire()
+        lease = lock.current_lease
+        assert lease is not None
+        proxies[1].blackhole()
+        proxies[2].blackhole()
+        try:
+            with pytest.raises(LockLostError):
+                await lock.extend(0.1)  # no quorum within node_timeout, longer than 0.1 s
+            assert lease.lost and lost and lease.remaining() == 0
+        finally:
+            proxies[1].heal()
+            proxies[2].heal()
+        with pytest.raises(LockLostError):
+            await lock.release()
+        await settle(lock)
+
     async def test_cancelled_acquire_leaves_nothing_behind(
         self,
         proxies: list[FaultProxy],
@@ -1025,3 +1110,85 @@ class TestReleaseSweep:
         # Well within the 5 s lease: only a clean-up removes the key this soon.
         assert await no_key_left(inspectors[:3], name), await holders(inspectors[:3], name)
         assert introspect.redlock_owners(fan) == 0
+
+
+async def _entries(inspectors: Sequence[aioredis.Redis], name: str) -> list[list[str]]:
+    """The re-entry fields (``e:<id>``) of ``name`` on each master."""
+    found = []
+    for client in inspectors:
+        fields = await client.hkeys(name)
+        found.append(sorted(f.decode() for f in fields if f.startswith(b"e:")))
+    return found
+
+
+class TestStrayEntries:
+    """Regression (a cancelled re-entry's undo, and an inner release, finished at a quorum of
+    masters: a master where the re-entry ran *after* the undo — the re-entry's command slower
+    there — or where the drop timed out, kept the ``e:<id>`` entry for as long as the hold,
+    and ``inspect`` showed a wrong hold count). Once every master answered both, the drop is
+    sent again to each master it may have missed."""
+
+    async def test_cancelled_reentry_leaves_no_entry(
+        self, clients: Clients, inspectors: list[aioredis.Redis], name: str
+    ) -> None:
+        masters_clients = clients(3)
+        lock = RedLock(masters_clients, name, lease=10.0, node_timeout=0.5)
+        await lock.acquire()
+        patched = []
+        for index, client in enumerate(masters_clients):
+            real = client.evalsha
+            slow = 0.3 if index == 2 else 0.05
+
+            async def late_reentry(
+                sha: str, numkeys: int, *rest: Any, real: Any = real, slow: float = slow
+            ) -> object:
+                if sha == LOCK_REENTER.sha:
+                    await asyncio.sleep(slow)  # the re-entry reaches this master late
+                return await real(sha, numkeys, *rest)
+
+            client.evalsha = late_reentry  # type: ignore[method-assign]
+            patched.append(client)
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(lock.acquire(), 0.02)  # its undo overtakes it
+            await asyncio.sleep(0.6)  # every master answered the re-entry and its undo
+            assert await _entries(inspectors[:3], name) == [[], [], []]
+        finally:
+            for client in patched:
+                del client.evalsha
+        await lock.release()
+        await settle(lock)
+        assert await no_key_left(inspectors[:3], name)
+
+    async def test_inner_release_that_timed_out_on_a_master_leaves_no_entry(
+        self, clients: Clients, inspectors: list[aioredis.Redis], name: str
+    ) -> None:
+        masters_clients = clients(3)
+        lock = RedLock(masters_clients, name, lease=10.0, node_timeout=0.2)
+        await lock.acquire()
+        await lock.acquire()
+        assert await _entries(inspectors[:3], name) == [["e:1"]] * 3
+        client = masters_clients[2]
+        real = client.evalsha
+        armed = [True]
+
+        async def slow_drop(sha: str, numkeys: int, *rest: Any) -> object:
+            if sha == LOCK_RELEASE.sha and rest[numkeys + 1] == "entry" and armed[0]:
+                armed[0] = False
+                await asyncio.sleep(1.0)  # no answer within node_timeout: cancelled
+            return await real(sha, numkeys, *rest)
+
+        client.evalsha = slow_drop  # type: ignore[method-assign]
+        try:
+            await lock.release()  # the inner one: a quorum dropped it
+            await until(
+                lambda: _no_entries(inspectors[:3], name), "the entry dropped everywhere", 2.0
+            )
+        finally:
+            del client.evalsha
+        await lock.release()
+        await settle(lock)
+
+
+async def _no_entries(inspectors: Sequence[aioredis.Redis], name: str) -> bool:
+    return not any(await _entries(inspectors, name))

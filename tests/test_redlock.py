@@ -1116,8 +1116,8 @@ async def _entries(inspectors: Sequence[aioredis.Redis], name: str) -> list[list
     """The re-entry fields (``e:<id>``) of ``name`` on each master."""
     found = []
     for client in inspectors:
-        fields = await client.hkeys(name)
-        found.append(sorted(f.decode() for f in fields if f.startswith(b"e:")))
+        fields = [f.decode() if isinstance(f, bytes) else f for f in await client.hkeys(name)]
+        found.append(sorted(f for f in fields if f.startswith("e:")))
     return found
 
 

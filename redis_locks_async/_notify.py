@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol, final
@@ -61,6 +62,7 @@ PING_AFTER: Final = 3.0  # seconds of silence before the listener pings
 PING_TIMEOUT: Final = 2.0  # seconds a ping may go unanswered before the connection is dead
 _READ_SLICE: Final = 1.0  # the listener wakes at least this often to check the connection
 _SEND_TIMEOUT: Final = 3.0  # seconds a (re)subscription may take to be sent
+_TIMEOUT_CM: Final = sys.version_info >= (3, 11)  # asyncio.timeout() exists
 _LINGER: Final = 2.0  # seconds a channel stays subscribed after its last local waiter left
 _RECONNECT_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _PING_TEXT: Final = "redis-locks-async"
@@ -140,6 +142,19 @@ class _Channel:
         self.confirmed: asyncio.Future[None] = loop.create_future()
         self.asked_at: float | None = None  # when the pending subscription was sent
         self.linger: asyncio.TimerHandle | None = None  # set while nobody waits
+
+
+async def _read(pubsub: Any) -> dict[str, Any] | None:
+    """The next message on ``pubsub`` (``None`` after :data:`_READ_SLICE` of silence). Bounded
+    as a safety net beyond redis-py's own read timeout — by ``asyncio.timeout`` where there is
+    one: ``wait_for`` runs the read in a task of its own on Python <= 3.11, one more task and
+    one more loop iteration between a grant's arrival and the waiter it wakes (B2's wake hop)."""
+    if _TIMEOUT_CM:
+        async with asyncio.timeout(_READ_SLICE + _SEND_TIMEOUT):  # type: ignore[attr-defined]
+            return await pubsub.get_message(timeout=_READ_SLICE)  # type: ignore[no-any-return]
+    return await asyncio.wait_for(
+        pubsub.get_message(timeout=_READ_SLICE), _READ_SLICE + _SEND_TIMEOUT
+    )
 
 
 @final
@@ -376,9 +391,7 @@ class SubscriptionHub:
                 last_rx, ping_sent, heard = loop.time(), None, False
                 continue
             try:
-                message = await asyncio.wait_for(
-                    pubsub.get_message(timeout=_READ_SLICE), _READ_SLICE + _SEND_TIMEOUT
-                )
+                message = await _read(pubsub)
             except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
                 if isinstance(exc, ResponseError):
                     self._refused(exc)

@@ -602,7 +602,7 @@ def _b9(result: Mapping[str, Any]) -> list[str]:
         f"{config['write_pause_ms']:g} ms, `async with rw.write` on the next name for "
         f"{config['write_hold_ms']:g} ms. One process, a BlockingConnectionPool of "
         f"{config['pool_size']}; {_rounds(config)} of a {config['window_s']:g} s steady window "
-        "per phase, phases alternating. Target: {target['text']} — {_verdict(target)} "
+        f"per phase, phases alternating. Target: {target['text']} — {_verdict(target)} "
         f"({target.get('value_text')})."
     )
     rows = []

@@ -54,7 +54,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar, final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, NoReturn, TypeVar, final
 
 from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
@@ -291,11 +291,11 @@ def _awaiting_wait_for(helper: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
     return None
 
 
-def _running_task(action: str, name: str) -> asyncio.Task[Any]:
-    """The calling asyncio task; a clear error when there is none, or no asyncio loop at all
-    (trio, anyio's trio backend, another event loop, a plain thread)."""
+def asyncio_task(action: str, name: str) -> asyncio.Task[Any] | None:
+    """The calling asyncio task (``None`` outside one); a clear error when no asyncio loop
+    runs at all (trio, anyio's trio backend, another event loop, a plain thread)."""
     try:
-        task = asyncio.current_task()
+        return asyncio.current_task()
     except RuntimeError:  # no running asyncio loop in this thread
         raise RuntimeError(
             f"cannot {action} {name!r}: no asyncio event loop is running. redis-locks-async "
@@ -303,6 +303,12 @@ def _running_task(action: str, name: str) -> asyncio.Task[Any]:
             "under anyio with the asyncio backend (anyio.run(..., backend='asyncio')); the trio "
             "backend and other event loops are not supported"
         ) from None
+
+
+def _running_task(action: str, name: str) -> asyncio.Task[Any]:
+    """The calling asyncio task; a clear error when there is none, or no asyncio loop at all
+    (trio, anyio's trio backend, another event loop, a plain thread)."""
+    task = asyncio_task(action, name)
     if task is None:
         raise RuntimeError(f"cannot {action} {name!r} outside an asyncio task")
     return task
@@ -619,7 +625,7 @@ class LockBase:
         return runtime
 
     def _local_hold(self) -> Hold | None:
-        task = asyncio.current_task()
+        task = asyncio_task("inspect", self._name)
         runtime = self._existing() if task is not None else None
         if task is None or runtime is None:
             return None
@@ -639,6 +645,7 @@ class LockBase:
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock, as the server sees it now."""
+        asyncio_task("inspect", self._name)
         try:
             return await self._policy.locked(self._redis)
         except (RedisError, OSError) as exc:
@@ -666,18 +673,20 @@ class LockBase:
         runtime = self._runtime()
         policy = self._policy
         hold = runtime.holds.get((policy.hold_key, task))
+        limit = wait if blocking else 0.0
+        # The replica sync (and a re-entry) ends with the caller's deadline (a try's: TRY_BOUND).
+        deadline = None if limit is None else runtime.loop.time() + (limit or TRY_BOUND)
         if hold is not None and policy.reentrant and hold.state is not HoldState.LOST:
             # (A hold whose loss was signalled is not re-entered: this is a fresh acquisition,
             # and the lost hold waits underneath it for its own release.)
-            held = await self._reenter(runtime, hold)
+            held = await self._reenter(runtime, hold, deadline)
+            if held is False:
+                self._counters.timeouts += 1
             if held is not None:
                 return held
         refused = policy.conflict(runtime.holds, task)
         if refused is not None:
             raise LockError(f"cannot acquire {self._name!r}: {refused}", name=self._name)
-        limit = wait if blocking else 0.0
-        # The replica sync ends with the caller's deadline (a try's: TRY_BOUND).
-        deadline = None if limit is None else runtime.loop.time() + (limit or TRY_BOUND)
         key = (policy.hold_key, task)
         acquiring = runtime.acquiring
         acquiring[key] = acquiring.get(key, 0) + 1
@@ -807,8 +816,14 @@ class LockBase:
             )
         try:
             renewed = await self._call(
-                runtime, self._policy.renew(hold.owner, length).run(self._redis), None, None
+                runtime,
+                self._policy.renew(hold.owner, length).run(self._redis),
+                None,
+                hold.expires_at,  # past it the lease is lost, whatever the answer
             )
+        except _Expired:
+            _maybe_shortened(runtime, hold, sent_at, length)
+            self._unconfirmed(runtime, hold, "extend")
         except BaseException as exc:
             # The renewal may have run all the same (its reply late or lost, the caller
             # cancelled): the server's lease may now be the shorter one.
@@ -821,8 +836,14 @@ class LockBase:
                 name=self._name,
             )
         self._check_in_time(runtime, hold, sent_at, length, "extend")
-        if hold.live:
-            _renewed_by(runtime, hold, sent_at, length, judged)
+        if not hold.live:
+            # Signalled lost while the extend was in flight (its lease ended first): the
+            # extend does not bring it back; the release gives up what it set on the server.
+            raise LockLostError(
+                f"cannot extend {self._name!r}: the lease was lost ({hold.lost_reason})",
+                name=self._name,
+            )
+        _renewed_by(runtime, hold, sent_at, length, judged)
 
     def transfer(self, task: asyncio.Task[Any]) -> Lease:
         """Hand the calling task's hold to ``task`` (no I/O): ``task`` must release it.
@@ -837,6 +858,11 @@ class LockBase:
         A task that is itself waiting in ``acquire()`` for this lock cannot be handed it
         (:class:`LockError`: it would wait for its own hold).
         """
+        if not isinstance(task, asyncio.Task):
+            raise TypeError(
+                f"transfer() needs the asyncio.Task to hand {self._name!r} to, "
+                f"not {type(task).__name__}"
+            )
         current = _current("transfer", self._name)
         runtime, hold = self._held_by(current, "transfer")
         if task is current:
@@ -1064,7 +1090,8 @@ class LockBase:
                 left = _left(deadline, loop)
                 if left == 0:
                     raise
-                logger.info("connection pool exhausted acquiring %r; retrying", self._name)
+                # Back-pressure, not a failure: DEBUG (a burst logs it a few times per call).
+                logger.debug("connection pool exhausted acquiring %r; retrying", self._name)
                 await asyncio.sleep(delay if left is None else min(delay, left))
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -1415,6 +1442,16 @@ class LockBase:
             name=self._name,
         )
 
+    def _unconfirmed(self, runtime: Runtime, hold: Hold, action: str) -> NoReturn:
+        """An extend or a re-entry went unanswered until the lease ended: it is lost (the
+        lease keeper's watchdog may have said so already)."""
+        if hold.state is HoldState.HELD:
+            self._lose(runtime, hold, f"the lease ended before the {action} was confirmed")
+        raise LockLostError(
+            f"cannot {action} {self._name!r}: the lease was lost ({hold.lost_reason})",
+            name=self._name,
+        )
+
     async def _setting_failed(
         self,
         runtime: Runtime,
@@ -1456,8 +1493,10 @@ class LockBase:
         if not runtime.closed:
             self._undo(runtime, self._abandon(hold.owner))
 
-    async def _reenter(self, runtime: Runtime, hold: Hold) -> bool | None:
-        """Re-enter ``hold``; ``None`` when a release in flight ended it (acquire afresh)."""
+    async def _reenter(self, runtime: Runtime, hold: Hold, deadline: float | None) -> bool | None:
+        """Re-enter ``hold``; ``None`` when a release in flight ended it (acquire afresh),
+        ``False`` when no answer came by ``deadline`` (loop time; the re-entry is undone). The
+        wait for the answer ends with the lease too: the hold is lost then."""
         if hold.pending is not None:
             await self._settled(hold)
             if runtime.holds.get((hold.key, hold.task)) is not hold:
@@ -1473,13 +1512,25 @@ class LockBase:
         if hold.renew_until is not None:  # max_hold: a re-entry never carries the hold past it
             length = min(length, max(0.001, hold.renew_until - sent_at))
 
+        bound = hold.expires_at if deadline is None else min(deadline, hold.expires_at)
         try:
-            raw = await self._direct(
-                runtime,
-                self._policy.reenter(owner, entry, to_ms(length)),
-                lambda: self._policy.release(owner, "entry", entry, sharded).run(self._redis),
+            raw = await _bounded(
+                self._direct(
+                    runtime,
+                    self._policy.reenter(owner, entry, to_ms(length)),
+                    lambda: self._policy.release(owner, "entry", entry, sharded).run(self._redis),
+                ),
+                bound,
             )
             reply = Reply(*ints(raw, 4))
+        except TimeoutError:
+            if loop.time() < bound:
+                raise  # not the bound's (redis-py's errors are its own classes)
+            # Undone by _direct (its undo drops the entry); its TTL may have been set.
+            _maybe_shortened(runtime, hold, sent_at, length)
+            if hold.state is HoldState.HELD and loop.time() < hold.expires_at:
+                return False  # the caller's deadline
+            self._unconfirmed(runtime, hold, "re-enter")
         except BaseException as exc:
             # The re-entry may have run all the same (its reply late or lost, the caller
             # cancelled): its undo drops the entry, not the TTL it set, so the server's lease

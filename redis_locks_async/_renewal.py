@@ -40,9 +40,9 @@ auto-renewal, only to mark them lost when they expire. A hold that is no longer 
 lost) is dropped the moment the keeper sees it, and checked again just before each pipeline is
 sent: nothing spins on it, nothing renews it.
 
-The keeper's task exists while some hold is tracked (and lingers a few seconds after the last
-one, so a client that keeps acquiring does not start a task per acquisition); it dies with the
-runtime.
+The keeper's task exists while some hold is tracked (and lingers :data:`_IDLE_LINGER` seconds
+after the last one, so a client that keeps acquiring does not start a task per acquisition —
+also when the last hold's next renewal was further away); it dies with the runtime.
 """
 
 from __future__ import annotations
@@ -139,6 +139,11 @@ class LeaseKeeper:
         """The keeper's task, while there is one."""
         return self._task
 
+    @property
+    def watchdog(self) -> asyncio.TimerHandle | None:
+        """The expiry watchdog's timer, while one is armed."""
+        return self._watch
+
     def add(self, hold: Hold) -> None:
         """Start keeping ``hold`` (renewing it, confirming it, or watching it expire)."""
         self._holds.add(hold)
@@ -159,8 +164,24 @@ class LeaseKeeper:
                 self._kick.set_result(None)
 
     def discard(self, hold: Hold) -> None:
-        """Stop keeping ``hold`` (released or lost)."""
+        """Stop keeping ``hold`` (released or lost). After the last one, nothing waits longer
+        than :data:`_IDLE_LINGER`: the watchdog's timer goes, and a keeper asleep until a
+        later renewal wakes to linger, then end."""
         self._holds.discard(hold)
+        if self._holds:
+            return
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch, self._watch_at = None, math.inf
+        kick, wake_at = self._kick, self._wake_at
+        if (
+            kick is not None
+            and wake_at is not None
+            and not kick.done()
+            and wake_at - kick.get_loop().time() > _IDLE_LINGER
+        ):
+            self._wake_at = None
+            kick.set_result(None)
 
     def _arm(self, at: float) -> None:
         """Have the watchdog look at the holds by ``at`` (a hold's expiry) at the latest."""

@@ -24,7 +24,7 @@ from typing import Any, Final, final
 
 from redis.exceptions import RedisError
 
-from ._core import Attempt, LockBase, Policy
+from ._core import Attempt, LockBase, Policy, asyncio_task
 from ._lease import LostCallback
 from ._scripts import Call, Script, ints
 from ._validation import to_ms
@@ -166,6 +166,7 @@ class Semaphore(LockBase):
     async def free_permits(self) -> int:
         """How many permits are free right now, as the server sees it (may be negative after
         a decrease, until enough holders leave)."""
+        asyncio_task("inspect", self._name)
         policy = self._policy
         assert isinstance(policy, SemaphorePolicy)
         try:
@@ -179,6 +180,7 @@ class Semaphore(LockBase):
         More permits are handed to waiting tasks at once; fewer take effect as holders leave.
         """
         count = _check_permits(permits)
+        asyncio_task("set the permits of", self._name)
         policy = self._policy
         assert isinstance(policy, SemaphorePolicy)
         runtime = self._runtime()

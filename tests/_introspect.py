@@ -38,6 +38,7 @@ __all__ = (
     "channel_of",
     "drain",
     "judge_renewal",
+    "keeper",
     "keeper_size",
     "lease_owner_id",
     "lease_side",
@@ -110,6 +111,13 @@ def renewal_round_trips(client: Client) -> int:
     """Renewal round trips the lease keeper of ``client`` made so far."""
     state = _state(client)
     return 0 if state is None else state.keeper.renewal_round_trips
+
+
+def keeper(client: Client) -> Any:
+    """The lease keeper of ``client``'s runtime (it must have one)."""
+    state = _state(client)
+    assert state is not None
+    return state.keeper
 
 
 def keeper_size(client: Client) -> int:

@@ -53,7 +53,7 @@ def _first_step_without_asyncio(make: Callable[[], Coroutine[Any, Any, Any]]) ->
 
 
 @pytest.mark.parametrize("primitive", list(PRIMITIVES))
-@pytest.mark.parametrize("operation", ["acquire", "try", "enter", "release", "extend"])
+@pytest.mark.parametrize("operation", ["acquire", "try", "enter", "release", "extend", "locked"])
 def test_without_asyncio_loop_the_error_names_asyncio(primitive: str, operation: str) -> None:
     """Regression: under a non-asyncio event loop (anyio's trio backend) or in a thread with no
     running loop, acquire/release/``async with`` failed with a bare ``RuntimeError: no running
@@ -67,8 +67,13 @@ def test_without_asyncio_loop_the_error_names_asyncio(primitive: str, operation:
         "enter": lock.__aenter__,
         "release": lock.release,
         "extend": lambda: lock.extend(),
+        "locked": lock.locked,
     }
     error = _first_step_without_asyncio(calls[operation])
+    _assert_names_asyncio(error)
+
+
+def _assert_names_asyncio(error: BaseException) -> None:
     assert isinstance(error, RuntimeError)
     message = str(error)
     assert "'asyncio-only'" in message
@@ -77,3 +82,38 @@ def test_without_asyncio_loop_the_error_names_asyncio(primitive: str, operation:
     assert "backend='asyncio'" in message
     assert "trio" in message
     assert error.__cause__ is None and error.__suppress_context__
+
+
+@pytest.mark.parametrize("primitive", list(PRIMITIVES))
+def test_local_views_without_asyncio_loop_name_asyncio(primitive: str) -> None:
+    """Regression (``owned()``, ``state`` and ``current_lease`` off asyncio raised a bare
+    "no running event loop"; so did ``locked()`` — and ``Semaphore.set_permits()`` /
+    ``free_permits()``, tested below)."""
+    client = aioredis.Redis.from_url(NOBODY)
+    lock = PRIMITIVES[primitive](client)
+    views: list[Callable[[], object]] = [
+        lock.owned,
+        lambda: lock.state,
+        lambda: lock.current_lease,
+    ]
+    for view in views:
+        raised: list[BaseException] = []
+
+        def call(view: Callable[[], object] = view) -> None:
+            try:
+                view()
+            except BaseException as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        thread.join(10)
+        assert raised, "no error off asyncio"
+        _assert_names_asyncio(raised[0])
+
+
+@pytest.mark.parametrize("operation", ["set_permits", "free_permits"])
+def test_semaphore_admin_without_asyncio_loop_names_asyncio(operation: str) -> None:
+    sem = Semaphore(aioredis.Redis.from_url(NOBODY), "asyncio-only", 2)
+    make = (lambda: sem.set_permits(3)) if operation == "set_permits" else sem.free_permits
+    _assert_names_asyncio(_first_step_without_asyncio(make))

@@ -490,6 +490,24 @@ class TestArguments:
         assert main(["list", "--url", closed]) == 2
         assert "error:" in capsys.readouterr().err
 
+    def test_errors_never_show_the_password(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Regression (the error of a refused connection or a bad URL printed the whole URL,
+        password included, to the terminal and CI logs)."""
+        port = free_port()
+        for url in (
+            f"redis://admin:s3cret-pw@127.0.0.1:{port}",
+            "redis://admin:s3cret-pw@127.0.0.1:notaport",
+        ):
+            assert main(["inspect", "x", "--url", url]) == 2
+            err = capsys.readouterr().err
+            assert "error:" in err and "s3cret-pw" not in err and "admin:***@" in err, err
+        monkeypatch.setenv("REDIS_URL", f"redis://:s3cret-pw@127.0.0.1:{port}/0")
+        assert main(["list"]) == 2
+        err = capsys.readouterr().err
+        assert "s3cret-pw" not in err and ":***@" in err, err
+
     def test_help_explains_force_unlock_and_url_default(
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -255,6 +255,20 @@ class TestOwnership:
             lock.transfer(other)
         await other
 
+    async def test_transfer_to_a_non_task_is_a_type_error(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (``transfer(None)`` raised ``AttributeError`` from deep inside; bad
+        arguments raise ``TypeError``/``ValueError`` at the call, SPEC §3)."""
+        lock = Lock(client, name)
+        async with lock:
+            for bad in (None, "task", asyncio.sleep(0)):
+                with pytest.raises(TypeError, match="asyncio.Task"):
+                    lock.transfer(bad)  # type: ignore[arg-type]
+                if asyncio.iscoroutine(bad):
+                    bad.close()
+            assert lock.owned()
+
     async def test_task_ending_while_holding_releases(
         self, client: aioredis.Redis, name: str
     ) -> None:

@@ -294,3 +294,97 @@ async def test_extend_that_failed_after_its_shorter_lease_ended_reports_the_loss
     await asyncio.sleep(0.1)
     fault_proxy.lose_held()  # its reply is lost with a connection error
     await task
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+async def test_reentry_under_a_silent_server_keeps_to_the_timeout(
+    kind: type[Lock], proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
+) -> None:
+    """Regression (a re-entry was not bounded by ``acquire(timeout=t)``: with the server
+    silent, the holding task's ``acquire(timeout=1)`` was still blocked after 40 s, though
+    SPEC §4 says every ``acquire(timeout=t)`` returns within about ``t`` whatever the network
+    does). It returns ``False`` at the timeout, the hold intact."""
+    lock = kind(proxied, name, lease=30.0)
+    assert await lock.acquire()
+    loop = asyncio.get_running_loop()
+    fault_proxy.blackhole()
+    started = loop.time()
+    try:
+        assert await lock.acquire(timeout=0.5) is False
+        assert loop.time() - started < 1.5
+        lease = lock.current_lease
+        assert lease is not None and not lease.lost and lease.hold_count == 1
+        assert lock.statistics().timeouts == 1
+    finally:
+        fault_proxy.heal()
+    await lock.release()
+    assert not await lock.locked()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+async def test_reentry_without_timeout_under_a_silent_server_ends_with_the_lease(
+    kind: type[Lock], proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
+) -> None:
+    """Regression (the same unbounded re-entry, without a timeout: it waited for the silent
+    server forever, past the end of the lease it was re-entering). It raises
+    ``LockLostError`` when the lease ends."""
+    lock = kind(proxied, name, lease=0.6)
+    assert await lock.acquire()
+    loop = asyncio.get_running_loop()
+    fault_proxy.blackhole()
+    started = loop.time()
+    try:
+        with pytest.raises(LockLostError):
+            await lock.acquire(timeout=None)
+        assert loop.time() - started < 0.6 + 0.5
+    finally:
+        fault_proxy.heal()
+    with pytest.raises(LockLostError):
+        await lock.release()
+
+
+async def test_extend_answered_after_the_lease_ended_reports_the_loss(
+    proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
+) -> None:
+    """Regression (an ``extend()`` whose answer came after the lease's end returned normally,
+    though the loss had been signalled meanwhile — ``on_lost`` called, ``lost`` true — and the
+    server kept the key for the new lease, for an owner the library treated as gone). It
+    raises ``LockLostError``; the release gives the key up."""
+    lost: list[object] = []
+    lock = Lock(proxied, name, lease=0.5, auto_renew=False, on_lost=lost.append)
+    assert await lock.acquire()
+    lease = lock.current_lease
+    assert lease is not None
+    await asyncio.sleep(max(0.0, lease.remaining() - 0.02))
+    fault_proxy.delay(0.06)  # the answer comes after the lease's end
+    try:
+        with pytest.raises(LockLostError):
+            await lock.extend(10.0)
+        assert lease.lost and lost
+    finally:
+        fault_proxy.heal()
+    with pytest.raises(LockLostError):
+        await lock.release()
+    await introspect.drain(proxied)
+    assert not await lock.locked()
+
+
+async def test_keeper_and_watchdog_do_not_outlive_the_last_hold(
+    client: aioredis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (after the last hold of a long lease was released, the lease keeper's task
+    slept until that hold's next renewal — up to lease/3 — and the expiry watchdog's timer
+    stayed armed for the whole lease). Both go within the keeper's idle linger."""
+    from redis_locks_async import _renewal
+
+    monkeypatch.setattr(_renewal, "_IDLE_LINGER", 0.2)
+    lock = Lock(client, name, lease=3600.0)
+    assert await lock.acquire()
+    keeper = introspect.keeper(client)
+    assert keeper.task is not None
+    await lock.release()
+    assert keeper.watchdog is None
+    task = keeper.task
+    assert task is not None
+    await asyncio.wait_for(task, 2.0)
+    assert keeper.task is None

@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, TextIO, TypeVar, final
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
@@ -135,12 +136,35 @@ class LockView:
 # --------------------------------------------------------------------------------------------
 
 
+def redacted(url: str) -> str:
+    """``url`` as it may be printed: a password in it replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<the URL given>"
+    if password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _without(text: str, url: str) -> str:
+    """``text`` (an error message) with ``url``'s password, should it quote it, blanked."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
 def connect(url: str) -> aioredis.Redis:
     """A client on ``url`` with bounded timeouts (a bad URL is a :class:`CliError`)."""
     try:
         return aioredis.Redis.from_url(url, socket_connect_timeout=5.0, socket_timeout=10.0)
     except ValueError as exc:
-        raise CliError(f"bad --url {url!r}: {exc}") from None
+        raise CliError(f"bad --url {redacted(url)!r}: {_without(str(exc), url)}") from None
 
 
 def _text(value: object) -> str:
@@ -426,7 +450,7 @@ def run_command(url: str, body: Callable[[aioredis.Redis], Coroutine[Any, Any, i
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
     except RedisError as exc:
-        print(f"error: {url}: {exc}", file=sys.stderr)
+        print(f"error: {redacted(url)}: {_without(str(exc), url)}", file=sys.stderr)
     return EXIT_USAGE
 
 

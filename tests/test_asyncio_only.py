@@ -99,7 +99,7 @@ def test_local_views_without_asyncio_loop_name_asyncio(primitive: str) -> None:
     for view in views:
         raised: list[BaseException] = []
 
-        def call(view: Callable[[], object] = view) -> None:
+        def call(view: Callable[[], object] = view, raised: list[BaseException] = raised) -> None:
             try:
                 view()
             except BaseException as exc:

@@ -263,7 +263,7 @@ class TestOwnership:
         lock = Lock(client, name)
         async with lock:
             for bad in (None, "task", asyncio.sleep(0)):
-                with pytest.raises(TypeError, match="asyncio.Task"):
+                with pytest.raises(TypeError, match=r"asyncio\.Task"):
                     lock.transfer(bad)  # type: ignore[arg-type]
                 if asyncio.iscoroutine(bad):
                     bad.close()

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, NoReturn, Ty
 
 from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
+from . import _telemetry as telemetry
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
 from ._lease import Hold, HoldState, Lease, LostCallback
@@ -670,6 +671,15 @@ class LockBase:
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
         task = _owner_task(self._name, sys._getframe(0))
+        sink = telemetry.SINK
+        if sink is not None:
+            return await sink.acquire(self, self._acquire_for(task, wait, blocking))
+        return await self._acquire_for(task, wait, blocking)
+
+    async def _acquire_for(
+        self, task: asyncio.Task[Any], wait: float | None, blocking: bool
+    ) -> bool:
+        """:meth:`acquire` for ``task``, its arguments checked."""
         runtime = self._runtime()
         policy = self._policy
         hold = runtime.holds.get((policy.hold_key, task))
@@ -1333,6 +1343,8 @@ class LockBase:
         self._counters.acquisitions += 1
         if confirm:
             self._counters.handovers += 1
+        if telemetry.SINK is not None:
+            hold.kind, hold.acquired_at = type(self).__name__, runtime.loop.time()
         # Where each acquisition is a hold of its own (a permit), the task's earlier one waits
         # underneath, to be its hold again when this one ends.
         hold.outer = runtime.holds.get((hold.key, task))
@@ -1698,6 +1710,9 @@ class LockBase:
         hold.state = HoldState.RELEASED
         self._forget(runtime, hold)
         self._counters.releases += 1
+        sink = telemetry.SINK
+        if sink is not None and hold.kind:
+            sink.hold_ended(hold.kind, runtime.loop.time() - hold.acquired_at, lost=False)
 
 
 @final

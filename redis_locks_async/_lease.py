@@ -20,6 +20,8 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, Protocol, final
 
+from . import _telemetry as telemetry
+
 if TYPE_CHECKING:
     from ._scripts import Call
 
@@ -56,6 +58,7 @@ class Hold:
         "__weakref__",
         "_loss_cancelled",
         "_lost_event",
+        "acquired_at",
         "auto_renew",
         "confirm",
         "counters",
@@ -65,6 +68,7 @@ class Hold:
         "guards",
         "judged",
         "key",
+        "kind",
         "lease",
         "loop",
         "lost_reason",
@@ -138,6 +142,9 @@ class Hold:
         self.replicas: int | None = None  # replicas that acknowledged it (replica sync)
         self.guards: dict[asyncio.Task[Any], int] = {}
         self.view = Lease(self)
+        # Telemetry (set when a sink is installed): the lock's class name, when it was taken.
+        self.kind = ""
+        self.acquired_at = 0.0
         self._lost_event: asyncio.Event | None = None
         self.counters = counters
         self._loss_cancelled: set[asyncio.Task[Any]] = set()
@@ -223,6 +230,9 @@ class Hold:
         self.lost_reason = reason
         if self.counters is not None:
             self.counters.lost += 1
+        sink = telemetry.SINK
+        if sink is not None and self.kind:
+            sink.hold_ended(self.kind, self.loop.time() - self.acquired_at, lost=True)
         if self._lost_event is not None:
             self._lost_event.set()
         logger.warning("lease on %r lost: %s", self.name, reason)

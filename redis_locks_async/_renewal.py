@@ -56,6 +56,7 @@ from typing import Any, Final, final
 
 from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
+from . import _telemetry as telemetry
 from ._errors import LockError
 from ._lease import Hold, HoldState
 
@@ -365,6 +366,8 @@ class LeaseKeeper:
             self._lose(hold, f"renewal failed: {result}")
         elif int(result) == 1:  # type: ignore[call-overload]
             self.renewals += 1
+            if telemetry.SINK is not None:
+                telemetry.SINK.renewed()
             if not crossed:
                 hold.renewed(sent_at)
                 # Onto the beat: a renewal sent up to _SLACK before its beat still counts as

@@ -785,14 +785,24 @@ class LockBase:
         abandon's background task, if one was started."""
         if hold.state is not HoldState.HELD:
             return None
-        return self._drop(runtime, hold)
+        return self._drop(runtime, hold, counted=False)
 
-    def _drop(self, runtime: Runtime, hold: Hold) -> asyncio.Task[None]:
+    def _drop(self, runtime: Runtime, hold: Hold, *, counted: bool = True) -> asyncio.Task[None]:
         """End ``hold`` here (released, forgotten) and abandon it on the server in the
-        background (fenced): the abandon's task."""
+        background (fenced): the abandon's task. ``counted``: a release (a task that ended
+        holding it, a release that failed), not an acquisition given up."""
         self._forget(runtime, hold)
         hold.state = HoldState.RELEASED
+        if counted:
+            self._released(runtime, hold)
         return self._undo(runtime, self._abandon(hold.owner))
+
+    def _released(self, runtime: Runtime, hold: Hold) -> None:
+        """Count the end of ``hold`` by a release (statistics, telemetry)."""
+        self._counters.releases += 1
+        sink = telemetry.SINK
+        if sink is not None and hold.kind:
+            sink.hold_ended(hold.kind, runtime.loop.time() - hold.acquired_at, lost=False)
 
     async def release(self) -> None:
         """Release one hold of the calling task (the last one frees or hands over the lock).
@@ -1709,10 +1719,7 @@ class LockBase:
             )
         hold.state = HoldState.RELEASED
         self._forget(runtime, hold)
-        self._counters.releases += 1
-        sink = telemetry.SINK
-        if sink is not None and hold.kind:
-            sink.hold_ended(hold.kind, runtime.loop.time() - hold.acquired_at, lost=False)
+        self._released(runtime, hold)
 
 
 @final

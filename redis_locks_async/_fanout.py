@@ -425,6 +425,9 @@ class FanOut:
                 state.value = None
                 self._sweep(state, owner, value)
             return [-1, 0, 0, 0] if role == "reenter" else 0
+        refused = [r for r in results if isinstance(r, ResponseError) and not transient_error(r)]
+        if len(refused) > len(self.masters) - self.quorum:
+            raise refused[0]  # a wrong-type key on so many masters: the caller's error, named
         raise _no_quorum(results, role)
 
     def pipeline(self, transaction: bool = False) -> FanPipeline:

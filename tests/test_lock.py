@@ -281,6 +281,9 @@ class TestOwnership:
         await asyncio.sleep(0)  # the task's done-callbacks run after this test resumed
         await introspect.drain(client)
         assert not await lock.locked()
+        # Regression (a probe): that release was not counted in statistics().releases.
+        stats = lock.statistics()
+        assert (stats.acquisitions, stats.releases, stats.held) == (1, 1, 0)
 
 
 class TestFencing:

@@ -931,6 +931,30 @@ async def test_exclusion_across_processes(masters: list[ServerProcess], name: st
     assert_exclusive(list(itertools.chain.from_iterable(holds)))
 
 
+async def test_extend_over_a_wrong_type_key_names_the_key(
+    clients: Clients, inspectors: list[aioredis.Redis], name: str
+) -> None:
+    """Regression (a probe: with the lock's key replaced by a string on every master,
+    ``extend()`` said "no quorum to renew: 0 of 3 masters answered in time" — every master had
+    answered, with WRONGTYPE — instead of naming the key of the wrong type, as ``Lock`` and
+    RedLock's ``release()`` do)."""
+    lock = RedLock(clients(3), name, lease=10.0)
+    await lock.acquire()
+    for inspector in inspectors[:3]:
+        await inspector.delete(name)
+        await inspector.set(name, "not a lock")
+    try:
+        with pytest.raises(LockError, match="wrong type") as raised:
+            await lock.extend()
+        assert name in str(raised.value) and "quorum" not in str(raised.value)
+    finally:
+        for inspector in inspectors[:3]:
+            await inspector.delete(name)
+    with pytest.raises(LockLostError):
+        await lock.release()
+    await settle(lock)
+
+
 class TestForeignErrors:
     """A master's command that fails with something other than a server's error (a bug in a
     client library, a wrapper's exception) reaches the caller — and leaves nothing behind."""

@@ -79,6 +79,7 @@ _T = TypeVar("_T")
 
 REGISTRATION_GRACE: Final = 2.0  # seconds a registration outlives the holder's lease (+ claim)
 TRY_BOUND: Final = 1.0  # seconds a single attempt (blocking=False) waits for its reply
+_TIMER_SLACK: Final = 0.001  # seconds a loop timer may fire before its time (clock resolution)
 REPLICA_WAIT_FLOOR: Final = 0.05  # seconds a replica sync may wait past the caller's deadline
 # Seconds a waiter that gives up waits for its clean-up: a round trip on a healthy server;
 # when the server stopped answering mid-wait, this is how late a timeout returns (was 0.5 s).
@@ -1545,9 +1546,11 @@ class LockBase:
                 bound,
             )
             reply = Reply(*ints(raw, 4))
-        except TimeoutError:
-            if loop.time() < bound:
-                raise  # not the bound's (redis-py's errors are its own classes)
+        except TimeoutError as exc:
+            if loop.time() < bound - _TIMER_SLACK:
+                # Not the bound's (redis-py's errors are its own classes): an OS error.
+                await self._setting_failed(runtime, hold, sent_at, length, exc, "re-enter")
+                raise
             # Undone by _direct (its undo drops the entry); its TTL may have been set.
             _maybe_shortened(runtime, hold, sent_at, length)
             if hold.state is HoldState.HELD and loop.time() < hold.expires_at:

@@ -363,9 +363,37 @@ async def _job(coro: Awaitable[_T], reply: asyncio.Future[_T]) -> None:
         reply.set_result(result)
 
 
-def _expire(reply: asyncio.Future[Any]) -> None:
-    if not reply.done():
-        reply.set_exception(_Expired())
+@final
+class _Deadline:
+    """Fails a command's reply future with :class:`_Expired` at a deadline: a loop time, or a
+    function of now re-read when it comes — a bound that moved later meanwhile (a lease the
+    keeper renewed) re-arms the timer instead."""
+
+    __slots__ = ("_handle", "_loop", "_reply", "_until")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        reply: asyncio.Future[Any],
+        until: float | Callable[[], float],
+    ) -> None:
+        self._loop, self._reply, self._until = loop, reply, until
+        self._handle = loop.call_at(self._at(), self._fire)
+
+    def _at(self) -> float:
+        return self._until() if callable(self._until) else self._until
+
+    def _fire(self) -> None:
+        if self._reply.done():
+            return
+        at = self._at()
+        if self._loop.time() < at - _TIMER_SLACK:
+            self._handle = self._loop.call_at(at, self._fire)
+            return
+        self._reply.set_exception(_Expired())
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 def _cancelling(task: asyncio.Task[Any] | None) -> int:
@@ -840,7 +868,7 @@ class LockBase:
                 runtime,
                 self._policy.renew(hold.owner, length).run(self._redis),
                 None,
-                hold.expires_at,  # past it the lease is lost, whatever the answer
+                lambda: hold.expires_at,  # the lease as known then: past it, no answer counts
             )
         except _Expired:
             _maybe_shortened(runtime, hold, sent_at, length)
@@ -988,13 +1016,14 @@ class LockBase:
         runtime: Runtime,
         command: Coroutine[Any, Any, _T],
         undo: Callable[[], Awaitable[object]] | None,
-        deadline: float | None,
+        deadline: float | Callable[[], float] | None,
     ) -> _T:
         """Run ``command`` in a job task and return its reply (module docstring, point 3).
 
-        If the caller is cancelled, ``deadline`` (loop time) passes — :class:`_Expired` —, or
-        the command fails in a way after which it may still have run, ``undo`` is sent in the
-        background. Errors are redis-py's (the caller translates them).
+        If the caller is cancelled, ``deadline`` (loop time, or a function of it re-read when
+        it comes: see :class:`_Deadline`) passes — :class:`_Expired` —, or the command fails in
+        a way after which it may still have run, ``undo`` is sent in the background. Errors
+        are redis-py's (the caller translates them).
         """
         loop = runtime.loop
         reply: asyncio.Future[_T] = loop.create_future()
@@ -1004,7 +1033,7 @@ class LockBase:
             job = loop.create_task(_job(command, reply))
         if not job.done():
             runtime.track(job)
-        timer = None if deadline is None else loop.call_at(deadline, _expire, reply)
+        timer = None if deadline is None else _Deadline(loop, reply, deadline)
         try:
             return await reply
         except _JobCancelled:
@@ -1056,12 +1085,17 @@ class LockBase:
                 self._undo(runtime, undo)
             raise
         except BaseException as exc:
-            if (
-                undo is not None
-                and runtime.topology.transient(exc)
-                and not isinstance(exc, MaxConnectionsError)
+            swallowed = _cancelling(task) > before
+            if undo is not None and (
+                swallowed
+                or (runtime.topology.transient(exc) and not isinstance(exc, MaxConnectionsError))
             ):
                 self._undo(runtime, undo)
+            if swallowed:
+                # The caller was cancelled and redis-py swallowed it (its wait_for around the
+                # write, Python 3.11); the command then failed (its socket timeout, say): the
+                # caller sees its cancellation, not the error that followed it.
+                raise asyncio.CancelledError() from exc
             raise
         if _cancelling(task) > before:
             if undo is not None:
@@ -1089,6 +1123,10 @@ class LockBase:
                 logger.info("%s of %r failed (%r); retrying", what, self._name, exc)
                 await asyncio.sleep(delay)
         logger.warning("%s of %r gave up; its lease ends by itself", what, self._name)
+
+    def _entry_undo(self, owner: str, entry: str, sharded: bool) -> Callable[[], Awaitable[object]]:
+        """The undo of a re-entry: drop its entry (the hold stays)."""
+        return lambda: self._policy.release(owner, "entry", entry, sharded).run(self._redis)
 
     def _abandon(self, owner: str) -> Callable[[], Awaitable[object]]:
         """The undo of a fresh acquisition: drop whatever ``owner`` reached, fence it."""
@@ -1529,33 +1567,29 @@ class LockBase:
         entry = hold.new_entry()
         sent_at = loop.time()
         judged = hold.judged
-        sharded = runtime.topology.sharded
         owner = hold.owner
         length = self._lease
         if hold.renew_until is not None:  # max_hold: a re-entry never carries the hold past it
             length = min(length, max(0.001, hold.renew_until - sent_at))
+        call = self._policy.reenter(owner, entry, to_ms(length))
+        undo = self._entry_undo(owner, entry, runtime.topology.sharded)
 
-        bound = hold.expires_at if deadline is None else min(deadline, hold.expires_at)
+        def bound() -> float:  # the caller's deadline, or the lease as known then
+            return hold.expires_at if deadline is None else min(deadline, hold.expires_at)
+
         try:
-            raw = await _bounded(
-                self._direct(
-                    runtime,
-                    self._policy.reenter(owner, entry, to_ms(length)),
-                    lambda: self._policy.release(owner, "entry", entry, sharded).run(self._redis),
-                ),
-                bound,
+            # In a job task, not directly: the wait is bounded, and a cancellation that
+            # redis-py swallows on Python 3.11 (its wait_for) must not wait for the bound.
+            raw = await self._pool_patient(
+                lambda: self._call(runtime, call.run(self._redis), undo, bound), bound()
             )
             reply = Reply(*ints(raw, 4))
-        except TimeoutError as exc:
-            if loop.time() < bound - _TIMER_SLACK:
-                # Not the bound's (redis-py's errors are its own classes): an OS error.
-                await self._setting_failed(runtime, hold, sent_at, length, exc, "re-enter")
-                raise
-            # Undone by _direct (its undo drops the entry); its TTL may have been set.
+        except _Expired:
+            # Undone (its undo drops the entry); the TTL it set may remain.
             _maybe_shortened(runtime, hold, sent_at, length)
-            if hold.state is HoldState.HELD and loop.time() < hold.expires_at:
-                return False  # the caller's deadline
-            self._unconfirmed(runtime, hold, "re-enter")
+            if hold.state is not HoldState.HELD or loop.time() >= hold.expires_at - _TIMER_SLACK:
+                self._unconfirmed(runtime, hold, "re-enter")
+            return False  # the caller's deadline
         except BaseException as exc:
             # The re-entry may have run all the same (its reply late or lost, the caller
             # cancelled): its undo drops the entry, not the TTL it set, so the server's lease

@@ -230,9 +230,6 @@ class Hold:
         self.lost_reason = reason
         if self.counters is not None:
             self.counters.lost += 1
-        sink = telemetry.SINK
-        if sink is not None and self.kind:
-            sink.hold_ended(self.kind, self.loop.time() - self.acquired_at, lost=True)
         if self._lost_event is not None:
             self._lost_event.set()
         logger.warning("lease on %r lost: %s", self.name, reason)
@@ -248,6 +245,9 @@ class Hold:
             else:
                 if inspect.isawaitable(result):
                     self.spawn(_report_failure(result, self.name))
+        sink = telemetry.SINK
+        if sink is not None and self.kind:
+            sink.hold_ended(self.kind, self.loop.time() - self.acquired_at, lost=True)
         return True
 
     def cancelled_by_loss(self, task: asyncio.Task[Any]) -> bool:

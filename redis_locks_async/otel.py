@@ -32,14 +32,17 @@ Without :func:`instrument` nothing is measured and the ``opentelemetry`` package
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, final
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, final
 
 from . import _telemetry
 
 __all__ = ("instrument", "uninstrument")
 
-_SCOPE = "redis_locks_async"
+_SCOPE: Final = "redis_locks_async"
+_SPAN: Final = "redis_locks.acquire"
+logger = logging.getLogger("redis_locks_async")
 
 
 def instrument(*, meter_provider: Any = None, tracer_provider: Any = None) -> None:
@@ -47,16 +50,18 @@ def instrument(*, meter_provider: Any = None, tracer_provider: Any = None) -> No
     :func:`instrument`). ``meter_provider`` / ``tracer_provider``: default the global ones.
 
     Raises :class:`ImportError` naming the extra when ``opentelemetry-api`` is not installed.
+    A provider, instrument or span processor that raises never fails a lock operation: the
+    error is logged (once per kind of report) and the operation goes on.
     """
     try:
-        from opentelemetry import metrics, trace
+        from opentelemetry import context, metrics, trace
     except ImportError as exc:  # pragma: no cover - the extra is installed in the test venv
         raise ImportError(
             "redis_locks_async.otel needs opentelemetry-api: pip install 'redis-locks-async[otel]'"
         ) from exc
     meter = (meter_provider or metrics.get_meter_provider()).get_meter(_SCOPE)
     tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(_SCOPE)
-    _telemetry.SINK = _OpenTelemetrySink(meter, tracer, trace.Status, trace.StatusCode)
+    _telemetry.SINK = _OpenTelemetrySink(meter, tracer, trace, context)
 
 
 def uninstrument() -> None:
@@ -68,9 +73,9 @@ def uninstrument() -> None:
 class _OpenTelemetrySink:
     """The sink :func:`instrument` installs (see the module docstring)."""
 
-    def __init__(self, meter: Any, tracer: Any, status: Any, status_code: Any) -> None:
-        self._tracer = tracer
-        self._status, self._error = status, status_code.ERROR
+    def __init__(self, meter: Any, tracer: Any, trace: Any, context: Any) -> None:
+        self._tracer, self._trace, self._context = tracer, trace, context
+        self._failed: set[str] = set()  # what already logged an error
         self._acquire = meter.create_histogram(
             "redis_locks.acquire.duration", unit="s", description="time an acquire() call took"
         )
@@ -82,37 +87,76 @@ class _OpenTelemetrySink:
         )
         self._lost = meter.create_counter("redis_locks.lost", description="leases lost while held")
 
+    def _safely(self, what: str, report: Callable[..., object], *args: Any) -> Any:
+        """``report(*args)``; an exception is logged (once per ``what``), never raised."""
+        try:
+            return report(*args)
+        except Exception:
+            if what not in self._failed:
+                self._failed.add(what)
+                logger.exception("OpenTelemetry: %s failed (lock operations go on)", what)
+            return None
+
     async def acquire(self, lock: Any, call: Coroutine[Any, Any, bool]) -> bool:
         kind = type(lock).__name__
         loop = asyncio.get_running_loop()
         attributes = {"lock.name": lock.name, "lock.kind": kind}
-        with self._tracer.start_as_current_span(
-            "redis_locks.acquire", attributes=attributes, record_exception=True
-        ) as span:
-            started = loop.time()
-            outcome = "error"
-            try:
-                got = await call
-                outcome = "acquired" if got else "timeout"
-            except asyncio.CancelledError:
-                outcome = "cancelled"
-                raise
-            except BaseException as exc:
-                span.set_status(self._status(self._error, f"{type(exc).__name__}: {exc}"))
-                raise
-            finally:
-                self._acquire.record(loop.time() - started, {"lock.kind": kind, "outcome": outcome})
-                span.set_attribute("lock.acquired", outcome == "acquired")
-            if got:
-                lease = lock.current_lease
-                if lease is not None:
-                    span.set_attribute("lock.fencing_token", lease.fencing_token)
+        span = self._safely(
+            "starting a span", lambda: self._tracer.start_span(_SPAN, attributes=attributes)
+        )
+        token = None
+        if span is not None:
+            token = self._safely(
+                "entering a span", self._context.attach, self._trace.set_span_in_context(span)
+            )
+        started = loop.time()
+        outcome, error = "error", None
+        try:
+            got = await call
+            outcome = "acquired" if got else "timeout"
             return got
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._safely(
+                "recording an acquire",
+                self._acquire.record,
+                loop.time() - started,
+                {"lock.kind": kind, "outcome": outcome},
+            )
+            if span is not None:
+                self._safely("ending a span", self._end, span, token, lock, outcome, error)
+
+    def _end(
+        self, span: Any, token: object, lock: Any, outcome: str, error: BaseException | None
+    ) -> None:
+        try:
+            span.set_attribute("lock.acquired", outcome == "acquired")
+            lease = lock.current_lease if outcome == "acquired" else None
+            if lease is not None:
+                span.set_attribute("lock.fencing_token", lease.fencing_token)
+            if error is not None:
+                span.record_exception(error)
+                status = self._trace.Status(
+                    self._trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"
+                )
+                span.set_status(status)
+        finally:
+            try:
+                if token is not None:
+                    self._context.detach(token)
+            finally:
+                span.end()
 
     def hold_ended(self, kind: str, seconds: float, *, lost: bool) -> None:
-        self._hold.record(seconds, {"lock.kind": kind, "outcome": "lost" if lost else "released"})
+        outcome = {"lock.kind": kind, "outcome": "lost" if lost else "released"}
+        self._safely("recording a hold", self._hold.record, seconds, outcome)
         if lost:
-            self._lost.add(1, {"lock.kind": kind})
+            self._safely("counting a loss", self._lost.add, 1, {"lock.kind": kind})
 
     def renewed(self) -> None:
-        self._renewals.add(1)
+        self._safely("counting a renewal", self._renewals.add, 1)

@@ -972,3 +972,44 @@ class TestClientClose:
 
         await held.release()
         assert not await client.exists(name), "the lock was handed to a closed client's waiter"
+
+
+async def test_cancellation_swallowed_by_redis_py_is_still_a_cancellation(
+    fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+) -> None:
+    """Regression (an attack pass, Python 3.11: redis-py's ``wait_for`` around a command's
+    write swallows a cancellation that lands as the write completes; the acquire then waited
+    for the held reply and, when the client's socket timeout ended the read, raised
+    ``LockError`` — the caller's cancellation was lost). The caller sees ``CancelledError``
+    (on 3.11 when the command's answer or error comes; at once elsewhere), and the attempt is
+    undone."""
+    for source in introspect.script_sources():
+        await client.script_load(source)
+    conn = aioredis.Redis.from_url(fault_proxy.url, socket_timeout=0.5)
+    try:
+        await conn.ping()
+        lock = Lock(conn, name)
+        loop = asyncio.get_running_loop()
+        outcome: list[object] = []
+
+        async def cancelled_at_once() -> None:
+            me = asyncio.current_task()
+            assert me is not None
+            loop.call_soon(me.cancel)  # lands at acquire's first await: the command's write
+            try:
+                await lock.acquire()
+                outcome.append("acquired")
+            except asyncio.CancelledError:
+                outcome.append("cancelled")
+            except LockError as exc:
+                outcome.append(exc)
+
+        fault_proxy.hold_replies()
+        await asyncio.create_task(cancelled_at_once())
+        fault_proxy.heal()
+        assert outcome == ["cancelled"]
+        await introspect.drain(conn)
+        assert not await Lock(client, name).locked()
+    finally:
+        fault_proxy.heal()
+        await conn.aclose()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from redis_locks_async import FairLock, Lock, LockLostError, LockNotOwnedError, Semaphore
+from redis_locks_async._lock import LOCK_REENTER, LOCK_RENEW
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
 
@@ -388,3 +390,114 @@ async def test_keeper_and_watchdog_do_not_outlive_the_last_hold(
     assert task is not None
     await asyncio.wait_for(task, 2.0)
     assert keeper.task is None
+
+
+def _slow_replies(client: aioredis.Redis, sha: str, delay: float) -> None:
+    """Run ``client``'s direct calls of script ``sha`` on the server, then hold their reply
+    back ``delay`` s (the lease keeper's pipelined renewals go through untouched)."""
+    real = client.evalsha
+
+    async def slow(script: str, numkeys: int, *rest: Any) -> object:
+        reply = await real(script, numkeys, *rest)
+        if script == sha:
+            await asyncio.sleep(delay)
+        return reply
+
+    client.evalsha = slow  # type: ignore[method-assign,assignment]
+
+
+async def _late_in_the_period(lease: Any, below: float) -> float:
+    """Wait until ``lease`` has less than ``below`` s left (renewals keep it above lease·2/3);
+    what is left then."""
+    while lease.remaining() >= below:  # noqa: ASYNC110 - a renewal may come meanwhile
+        await asyncio.sleep(0.01)
+    return float(lease.remaining())
+
+
+LEASE = 1.5  # renewed every 0.5 s: 1.0 to 1.5 s left at any time
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+async def test_slow_extend_while_renewals_go_on_is_not_a_loss(
+    kind: type[Lock], connect: Any, name: str
+) -> None:
+    """Regression (an attack pass: ``extend()`` waited for its answer until the lease's end
+    *as known when it was sent*; its answer came after that — but within the lease it set —
+    while the lease keeper renewed the hold, yet the hold was marked lost at that moment:
+    ``on_lost`` called, ``LockLostError``, the server holding it for a full lease). The wait
+    follows the lease: the extend succeeds."""
+    client = await connect()
+    lost: list[object] = []
+    lock = kind(client, name, lease=LEASE, on_lost=lost.append)
+    assert await lock.acquire()
+    lease = lock.current_lease
+    assert lease is not None
+    left = await _late_in_the_period(lease, 1.2)
+    _slow_replies(client, LOCK_RENEW.sha, left + 0.15)  # past the end known at the send
+    try:
+        await lock.extend()
+    finally:
+        del client.evalsha
+    assert not lease.lost and not lost
+    assert await lock.locked()
+    await lock.release()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+async def test_slow_reentry_without_timeout_is_not_a_timeout(
+    kind: type[Lock], connect: Any, name: str
+) -> None:
+    """Regression (an attack pass: a re-entry whose answer came after the lease's end as known
+    when it was sent — the keeper renewing the hold meanwhile — made ``acquire(timeout=None)``
+    return ``False``, and ``acquire(timeout=60)`` give up after about a second)."""
+    client = await connect()
+    lock = kind(client, name, lease=LEASE)
+    assert await lock.acquire()
+    lease = lock.current_lease
+    assert lease is not None
+    for timeout in (None, 60.0):
+        left = await _late_in_the_period(lease, 1.2)
+        _slow_replies(client, LOCK_REENTER.sha, left + 0.15)
+        try:
+            assert await lock.acquire(timeout=timeout) is True
+        finally:
+            del client.evalsha
+    assert lease.hold_count == 3 and not lease.lost
+    for _ in range(3):
+        await lock.release()
+    assert not await lock.locked()
+
+
+async def test_cancelling_a_reentry_under_a_silent_server_is_prompt(
+    proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
+) -> None:
+    """Regression (an attack pass, Python 3.11: redis-py's ``wait_for`` around the socket
+    write swallowed a cancellation that landed as the write finished; the re-entry then
+    waited for a reply that never came, until its bound — the lease's end with
+    ``timeout=None``). The re-entry runs in a job task the caller merely awaits."""
+    lock = Lock(proxied, name, lease=3.0)
+    loop = asyncio.get_running_loop()
+    outcome: list[float] = []
+
+    async def holder() -> None:
+        assert await lock.acquire()
+        fault_proxy.hold_replies()
+        me = asyncio.current_task()
+        assert me is not None
+        loop.call_soon(me.cancel)  # lands at the re-entry's first await
+        started = loop.time()
+        try:
+            await lock.acquire(timeout=None)
+        except asyncio.CancelledError:
+            outcome.append(loop.time() - started)
+            if hasattr(me, "uncancel"):
+                me.uncancel()
+        fault_proxy.heal()
+        lease = lock.current_lease
+        assert lease is not None and lease.hold_count == 1
+        await lock.release()
+
+    await asyncio.create_task(holder())
+    assert outcome and outcome[0] < 0.5, outcome
+    await introspect.drain(proxied)
+    assert not await lock.locked()

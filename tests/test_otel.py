@@ -162,3 +162,47 @@ async def test_nothing_is_recorded_without_instrument(client: aioredis.Redis, na
         assert not recorder.spans.get_finished_spans()
     finally:
         otel.uninstrument()
+
+
+class _Raising:
+    """An instrument, span or processor method that raises (a broken exporter or provider)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("telemetry is broken")
+
+
+async def test_broken_telemetry_never_fails_a_lock_operation(
+    client: aioredis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (an attack pass: a span processor whose ``on_end`` raised made
+    ``async with lock:`` raise with the lock held — the body never ran, nothing released it;
+    an instrument whose ``add`` raised killed the lease keeper at its first renewal, so every
+    lease of the client was lost, and ``on_lost`` was never called). Telemetry errors are
+    logged once and the lock goes on."""
+    processor = sdk_trace.SpanProcessor()
+    processor.on_end = _Raising()
+    tracer_provider = sdk_trace.TracerProvider()
+    tracer_provider.add_span_processor(processor)
+    meter_provider = sdk_metrics.MeterProvider()
+    otel.instrument(meter_provider=meter_provider, tracer_provider=tracer_provider)
+    sink: Any = _telemetry.SINK
+    for instrument in (sink._acquire, sink._hold, sink._renewals, sink._lost):
+        instrument.add = instrument.record = _Raising()
+    try:
+        lost: list[object] = []
+        lock = Lock(client, name, lease=0.3, on_lost=lost.append)
+        ran = False
+        async with lock:
+            ran = True
+            await asyncio.sleep(0.35)  # renewed at least once: the keeper survives
+            assert lock.owned()
+        assert ran and not await lock.locked()
+        with pytest.raises(LockLostError):
+            async with lock.guarded():
+                await client.delete(name)
+                await asyncio.sleep(5)
+        assert lost  # the loss was told, telemetry or not
+        errors = [r for r in caplog.records if "OpenTelemetry" in r.getMessage()]
+        assert errors and len(errors) <= 5  # once per kind of report, not per call
+    finally:
+        otel.uninstrument()

@@ -414,12 +414,11 @@ async def _bounded(command: Awaitable[_T], deadline: float) -> _T:
 
 
 def _maybe_shortened(runtime: Runtime, hold: Hold, sent_at: float, length: float) -> None:
-    """A command sent at ``sent_at`` that sets ``hold``'s server lease to ``length`` failed
-    in a way after which it may have run: if that lease is shorter than the hold's, count on
-    the shorter one (and have the keeper renew at once)."""
-    margin = hold.margin(length) if hold.margin is not None else 0.0
-    if hold.live and sent_at + length - margin < hold.expires_at:
-        hold.server_ttl(sent_at, length - margin)
+    """A command sent at ``sent_at`` that sets ``hold``'s server lease to ``length`` may run
+    (it is in flight) or may have run (it failed, or was given up): if that lease could end
+    sooner than the hold's, count on the sooner end (and have the keeper renew at once; see
+    :meth:`Hold.may_have_set`)."""
+    if hold.live and hold.may_have_set(sent_at, length):
         runtime.keeper.reschedule(hold)
 
 
@@ -863,16 +862,16 @@ class LockBase:
                 f"max_hold (which ends in {max(0.0, hold.renew_until - sent_at):.3g} s)",
                 name=self._name,
             )
+        bound = self._setting(runtime, hold, sent_at, length)
         try:
             renewed = await self._call(
                 runtime,
                 self._policy.renew(hold.owner, length).run(self._redis),
                 None,
-                lambda: hold.expires_at,  # the lease as known then: past it, no answer counts
+                lambda: min(bound, hold.expires_at),
             )
         except _Expired:
-            _maybe_shortened(runtime, hold, sent_at, length)
-            self._unconfirmed(runtime, hold, "extend")
+            self._not_set_in_time(runtime, hold, sent_at, length, "extend")
         except BaseException as exc:
             # The renewal may have run all the same (its reply late or lost, the caller
             # cancelled): the server's lease may now be the shorter one.
@@ -1108,12 +1107,29 @@ class LockBase:
         when one has the wrong type."""
         return await explain(self._redis, self._name, action, exc, self._policy.key_types)
 
-    def _undo(self, runtime: Runtime, undo: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
-        return runtime.spawn(self._retrying(undo, "cleanup"))
+    def _undo(
+        self,
+        runtime: Runtime,
+        undo: Callable[[], Awaitable[object]],
+        until: float | None = None,
+    ) -> asyncio.Task[None]:
+        return runtime.spawn(self._retrying(undo, "cleanup", until))
 
-    async def _retrying(self, call: Callable[[], Awaitable[object]], what: str) -> None:
-        """Run ``call``, retrying transient errors a few times (then the lease ends by itself)."""
-        for delay in _ERROR_BACKOFF:
+    async def _retrying(
+        self, call: Callable[[], Awaitable[object]], what: str, until: float | None = None
+    ) -> None:
+        """Run ``call``, retrying transient errors a few times — and on, once a second, until
+        loop time ``until`` (the end of the lease it frees: a slot migration's window, a
+        failover, may outlast the first few) — then the lease ends by itself."""
+        loop = asyncio.get_running_loop()
+        delays = itertools.chain(
+            _ERROR_BACKOFF,
+            itertools.takewhile(
+                lambda _: until is not None and loop.time() < until,
+                itertools.repeat(_ERROR_BACKOFF[-1]),
+            ),
+        )
+        for delay in delays:
             try:
                 await call()
                 return
@@ -1503,9 +1519,32 @@ class LockBase:
             name=self._name,
         )
 
-    def _unconfirmed(self, runtime: Runtime, hold: Hold, action: str) -> NoReturn:
-        """An extend or a re-entry went unanswered until the lease ended: it is lost (the
-        lease keeper's watchdog may have said so already)."""
+    def _setting(self, runtime: Runtime, hold: Hold, sent_at: float, length: float) -> float:
+        """An extend or a re-entry setting the lease to ``length`` is sent at ``sent_at``:
+        from now on the hold counts on the end it may leave (a shorter lease is the hold's
+        lease from now on, renewed at its pace — the keeper's renewals in flight with the old
+        one are judged as crossed); the loop time by which its answer must come: the end of
+        the lease it sets (a later answer could not be told from a lease that ended)."""
+        if length < hold.lease:
+            hold.lease = length
+        _maybe_shortened(runtime, hold, sent_at, length)
+        return sent_at + length - self._policy.margin(length)
+
+    def _not_set_in_time(
+        self, runtime: Runtime, hold: Hold, sent_at: float, length: float, action: str
+    ) -> NoReturn:
+        """No answer to an extend or a re-entry came within the lease it sets (or the hold's
+        lease ended first): it may have run. Lost if the lease may have ended (the keeper's
+        watchdog may have said so already); else a :class:`LockError` — the lease goes on,
+        kept by the renewals confirmed meanwhile."""
+        _maybe_shortened(runtime, hold, sent_at, length)
+        loop = runtime.loop
+        if hold.state is HoldState.HELD and loop.time() < hold.expires_at - _TIMER_SLACK:
+            raise LockError(
+                f"cannot {action} {self._name!r}: no answer from the server within the "
+                f"{length:g} s lease it sets; the lease goes on (renewed)",
+                name=self._name,
+            )
         if hold.state is HoldState.HELD:
             self._lose(runtime, hold, f"the lease ended before the {action} was confirmed")
         raise LockLostError(
@@ -1573,9 +1612,12 @@ class LockBase:
             length = min(length, max(0.001, hold.renew_until - sent_at))
         call = self._policy.reenter(owner, entry, to_ms(length))
         undo = self._entry_undo(owner, entry, runtime.topology.sharded)
+        limit = self._setting(runtime, hold, sent_at, length)
+        if deadline is not None:
+            limit = min(limit, deadline)
 
-        def bound() -> float:  # the caller's deadline, or the lease as known then
-            return hold.expires_at if deadline is None else min(deadline, hold.expires_at)
+        def bound() -> float:
+            return min(limit, hold.expires_at)
 
         try:
             # In a job task, not directly: the wait is bounded, and a cancellation that
@@ -1586,10 +1628,11 @@ class LockBase:
             reply = Reply(*ints(raw, 4))
         except _Expired:
             # Undone (its undo drops the entry); the TTL it set may remain.
-            _maybe_shortened(runtime, hold, sent_at, length)
-            if hold.state is not HoldState.HELD or loop.time() >= hold.expires_at - _TIMER_SLACK:
-                self._unconfirmed(runtime, hold, "re-enter")
-            return False  # the caller's deadline
+            if deadline is not None and loop.time() >= deadline - _TIMER_SLACK:
+                _maybe_shortened(runtime, hold, sent_at, length)
+                if hold.state is HoldState.HELD and loop.time() < hold.expires_at:
+                    return False  # the caller's deadline, the hold intact
+            self._not_set_in_time(runtime, hold, sent_at, length, "re-enter")
         except BaseException as exc:
             # The re-entry may have run all the same (its reply late or lost, the caller
             # cancelled): its undo drops the entry, not the TTL it set, so the server's lease
@@ -1726,7 +1769,7 @@ class LockBase:
             hold.state = HoldState.RELEASED
             self._forget(runtime, hold)
             if runtime.topology.transient(exc):
-                self._undo(runtime, self._abandon(hold.owner))
+                self._undo(runtime, self._abandon(hold.owner), until=hold.expires_at)
                 raise LockError(
                     f"cannot confirm the release of {self._name!r} ({exc!r}): it is retried in "
                     "the background, and the lock frees itself when its lease ends at the latest",

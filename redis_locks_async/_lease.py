@@ -61,6 +61,7 @@ class Hold:
         "acquired_at",
         "auto_renew",
         "confirm",
+        "confirmed",
         "counters",
         "entries",
         "expires_at",
@@ -129,6 +130,8 @@ class Hold:
         # (sent at, lease) of the last keeper renewal that may have run on the server: a
         # command changing the lease compares it before and after its round trip.
         self.judged: tuple[float, float] | None = None
+        # (sent at, lease) of the latest command whose setting of the lease was confirmed.
+        self.confirmed: tuple[float, float] | None = None
         self.state = HoldState.HELD
         self.task = task
         self.task_callback: Callable[[asyncio.Task[Any]], object] | None = None
@@ -197,6 +200,8 @@ class Hold:
         ``sent_at``."""
         if lease is not None:
             self.lease = lease
+        if self.confirmed is None or sent_at > self.confirmed[0]:
+            self.confirmed = (sent_at, self.lease)
         self.confirm = False
         self.expires_at = sent_at + self.lease
         if self.margin is not None:
@@ -213,11 +218,22 @@ class Hold:
         self.expires_at = min(self.expires_at, end)
         self.renew_at = self.loop.time()
 
-    def server_ttl(self, sent_at: float, ttl: float) -> None:
-        """The server reported ``ttl`` seconds left, in reply to a command sent at ``sent_at``."""
-        self.expires_at = sent_at + ttl
-        if self.expires_at < self.renew_at:
-            self.renew_at = sent_at  # renew now: the hold's clock runs shorter than thought
+    def may_have_set(self, sent_at: float, lease: float) -> bool:
+        """A command sent at ``sent_at`` that sets the server's lease to ``lease`` may have run
+        (its answer late, lost, or not awaited): count on the end it may have left, if earlier
+        — from its send or, when a setting sent after it was confirmed, from that one's send
+        with the shorter of the two leases (whichever of the two ran last, the lease lasts at
+        least that long). ``True`` when that moved the end earlier (renewal then comes now)."""
+        start, length = sent_at, lease
+        later = self.confirmed
+        if later is not None and later[0] > sent_at:
+            start, length = later[0], min(lease, later[1])
+        end = start + length - (self.margin(length) if self.margin is not None else 0.0)
+        if end >= self.expires_at:
+            return False
+        self.expires_at = end
+        self.renew_at = min(self.renew_at, self.loop.time())
+        return True
 
     def mark_lost(self, reason: str) -> bool:
         """The lease ended while held: signal it once (event, guarded blocks, ``on_lost``).

@@ -47,7 +47,7 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol, final
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import AskError, RedisError, ResponseError
 
 from ._errors import LockError
 from ._keys import key_slot
@@ -371,6 +371,22 @@ class SubscriptionHub:
                 )
                 entry.confirmed.exception()  # retrieved here: no waiter may be left to read it
 
+    def _moved(self, slot: int) -> None:
+        """The node refused a shard channel's subscription with ``MOVED``/``ASK``: ``slot``
+        now lives on another node (a slot migration). Not a refusal: the channels of that slot
+        are given up here — subscribing them again on this node would be refused for ever —
+        and their waiters re-check at once (their attempt follows the slot); they are then
+        woken by their timers, bounded by the holder's lease (README, known limits). The other
+        channels are subscribed again as the connection is re-made."""
+        for channel in [c for c in self._channels if key_slot(c) == slot]:
+            entry = self._channels.pop(channel)
+            if entry.linger is not None:
+                entry.linger.cancel()
+            if not entry.confirmed.done():
+                entry.confirmed.set_result(None)  # a waiter of it goes on to its attempt
+            logger.info("pub/sub: %r moved to another node (slot %d)", channel, slot)
+            entry.lot.recheck_all()
+
     async def _listen(self) -> None:
         loop = self._loop
         failures = 0
@@ -393,7 +409,9 @@ class SubscriptionHub:
             try:
                 message = await _read(pubsub)
             except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
-                if isinstance(exc, ResponseError):
+                if isinstance(exc, AskError) and self._sharded:
+                    self._moved(exc.slot_id)
+                elif isinstance(exc, ResponseError):
                     self._refused(exc)
                 await self._reset(f"{exc!r}")
                 if not heard:

@@ -324,3 +324,107 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
             assert not await lock.locked()
         finally:
             await client.aclose()
+
+
+def _migrate_slot(
+    nodes: list[ServerProcess],
+    slot: int,
+    source: ServerProcess,
+    target: ServerProcess,
+    window: float,
+) -> None:
+    """Move ``slot`` from ``source`` to ``target`` the way a live resharding does — IMPORTING /
+    MIGRATING, ``MIGRATE`` its keys, then ``SETSLOT NODE`` everywhere — keeping the window
+    between the keys' move and the end open ``window`` seconds (blocking: run it in a
+    thread)."""
+    import redis as sync_redis
+
+    def connect(node: ServerProcess) -> Any:
+        return sync_redis.Redis(host=node.host, port=node.port, socket_timeout=5)
+
+    src, dst = connect(source), connect(target)
+    src_id = src.execute_command("CLUSTER", "MYID").decode()
+    dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    if keys:
+        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+    time.sleep(window)
+    for node in nodes:
+        connect(node).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+def _process_of(nodes: list[ServerProcess], client: RedisCluster, name: str) -> ServerProcess:
+    node = client.get_node_from_key(name)
+    assert node is not None
+    return next(proc for proc in nodes if proc.port == node.port)
+
+
+async def test_a_slot_migration_does_not_fail_waits_on_other_slots(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster]
+) -> None:
+    """Regression (cluster probe: a waiter on a lock whose slot moved to another node made
+    the old node answer ``MOVED`` to the hub's re-subscription; the hub took it for a refusal
+    (as of an ACL) and failed every unconfirmed channel — a new wait on a lock of another slot,
+    which never moved, raised "the server refused to subscribe" — and reconnected in a loop, 12
+    connections every 10 s). The moved channel is given up on that node; the others go on."""
+    a, b = cluster
+    moved = "migrate:0"
+    source = _process_of(cluster_nodes, a, moved)
+    target = next(p for p in cluster_nodes if p is not source)
+    stay = next(
+        name
+        for name in (f"migrate:{i}" for i in range(1, 2000))
+        if _process_of(cluster_nodes, a, name) is source and a.keyslot(name) != a.keyslot(moved)
+    )
+    holders = [Lock(a, moved, lease=5.0), Lock(a, stay, lease=5.0)]
+    for holder in holders:
+        assert await holder.acquire(blocking=False)
+    waiting_moved = asyncio.create_task(_hold_briefly(Lock(b, moved), timeout=30))
+    await asyncio.sleep(0.3)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(
+        None, _migrate_slot, cluster_nodes, a.keyslot(moved), source, target, 0.0
+    )
+    await asyncio.sleep(1.0)  # the old node drops the shard channel; the hub hears of it
+    waiting_stay = asyncio.create_task(_hold_briefly(Lock(b, stay), timeout=10))
+    await asyncio.sleep(0.5)
+    assert not waiting_stay.done(), waiting_stay  # not failed as "refused"
+    released = loop.time()
+    await holders[1].release()
+    assert await asyncio.wait_for(waiting_stay, 5) is True
+    assert loop.time() - released < 1.5, "the other slot's waiter was not woken"
+    await holders[0].release()
+    # The moved lock's waiter: woken at the latest when the holder's lease would have ended
+    # (README, known limits).
+    assert await asyncio.wait_for(waiting_moved, 10) is True
+
+
+async def test_a_release_in_a_slot_migration_window_frees_the_lock_after_it(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster]
+) -> None:
+    """Regression (cluster probe: a release while the lock's slot was being migrated — its
+    scripts refused, ``TRYAGAIN``/``ASK``, for as long as the window stays open — was retried
+    in the background only about 2 s: a window of 3 s or more left the lock held until its
+    lease ended, 21 s after its holder released it). The release is retried until the lease
+    would end."""
+    a, b = cluster
+    name = "window:0"
+    source = _process_of(cluster_nodes, a, name)
+    target = next(p for p in cluster_nodes if p is not source)
+    holder = Lock(a, name, lease=20.0)
+    assert await holder.acquire(blocking=False)
+    loop = asyncio.get_running_loop()
+    migrating = loop.run_in_executor(
+        None, _migrate_slot, cluster_nodes, a.keyslot(name), source, target, 3.0
+    )
+    await asyncio.sleep(0.5)  # inside the window
+    with contextlib.suppress(LockError):  # "retried in the background"
+        await holder.release()
+    await migrating
+    closed = loop.time()
+    rival = Lock(b, name, lease=5.0)
+    assert await rival.acquire(timeout=5.0)
+    assert loop.time() - closed < 2.5, "the lock stayed held after its release"
+    await rival.release()

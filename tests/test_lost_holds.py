@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import FairLock, Lock, LockLostError, LockNotOwnedError, Semaphore
+from redis_locks_async import FairLock, Lock, LockError, LockLostError, LockNotOwnedError, Semaphore
 from redis_locks_async._lock import LOCK_REENTER, LOCK_RENEW
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
@@ -501,3 +501,69 @@ async def test_cancelling_a_reentry_under_a_silent_server_is_prompt(
     assert outcome and outcome[0] < 0.5, outcome
     await introspect.drain(proxied)
     assert not await lock.locked()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+async def test_shorter_extend_in_flight_keeps_rivals_out(
+    kind: type[Lock], connect: Any, name: str
+) -> None:
+    """Regression (an attack pass: while ``extend(0.3)`` of a 30 s hold waited for a late
+    answer, the hold still counted on the 30 s lease and nobody renewed the 0.3 s one the
+    server already had: a rival took the lock at +0.3 s while the holder's ``remaining()``
+    said 29 s and ``guarded()`` ran on). A shorter lease counts from the send — renewed at its
+    pace — and an answer that does not come within it is an error, the lease going on."""
+    client, rival_client = await connect(), await connect()
+    lost: list[object] = []
+    lock = kind(client, name, lease=30.0, on_lost=lost.append)
+    rival = kind(rival_client, name, lease=5.0)
+    assert await lock.acquire()
+    lease = lock.current_lease
+    assert lease is not None
+    _slow_replies(client, LOCK_RENEW.sha, 1.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        with pytest.raises(LockError, match="no answer") as raised:
+            await lock.extend(0.3)
+        assert not isinstance(raised.value, LockLostError)
+        assert loop.time() - started < 0.3 + 0.3
+        while loop.time() - started < 1.3:  # past the late answer: nobody else got in
+            assert not await rival.acquire(blocking=False)
+            assert lease.remaining() <= 0.3
+            await asyncio.sleep(0.02)
+    finally:
+        del client.evalsha
+    assert not lease.lost and not lost
+    await lock.release()
+    assert await rival.acquire(blocking=False)
+    await rival.release()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+async def test_extend_answered_after_its_own_lease_is_an_error_not_a_loss(
+    kind: type[Lock], connect: Any, name: str
+) -> None:
+    """Regression (an attack pass: an ``extend()`` answered after the lease it set — a
+    half-open connection, redis-py's retry re-sending it after its socket timeout — marked
+    the hold lost and gave the key up, though the keeper had renewed it all along; and with no
+    socket timeout, an ``extend()`` that never got an answer waited forever). It ends when
+    the lease it sets does, with a ``LockError``; the hold goes on."""
+    client = await connect()
+    lost: list[object] = []
+    lock = kind(client, name, lease=LEASE, on_lost=lost.append)
+    assert await lock.acquire()
+    lease = lock.current_lease
+    assert lease is not None
+    _slow_replies(client, LOCK_RENEW.sha, LEASE + 0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        with pytest.raises(LockError, match="no answer") as raised:
+            await lock.extend()
+        assert not isinstance(raised.value, LockLostError)
+        assert loop.time() - started < LEASE + 0.3
+    finally:
+        del client.evalsha
+    assert not lease.lost and not lost and lock.owned()
+    assert await lock.locked()
+    await lock.release()

@@ -1537,6 +1537,7 @@ class LockBase:
         lease ended first): it may have run. Lost if the lease may have ended (the keeper's
         watchdog may have said so already); else a :class:`LockError` — the lease goes on,
         kept by the renewals confirmed meanwhile."""
+        hold.gave_up_on(length)
         _maybe_shortened(runtime, hold, sent_at, length)
         loop = runtime.loop
         if hold.state is HoldState.HELD and loop.time() < hold.expires_at - _TIMER_SLACK:
@@ -1567,6 +1568,7 @@ class LockBase:
         the lease it may have set has already ended (:class:`LockLostError`: ``remaining()``
         says 0, and another owner may hold the lock now), else a :class:`LockError`. Returns
         for any other exception (a cancellation: the caller re-raises it)."""
+        hold.gave_up_on(length)
         _maybe_shortened(runtime, hold, sent_at, length)
         if not isinstance(exc, (RedisError, OSError)):
             return
@@ -1629,6 +1631,7 @@ class LockBase:
         except _Expired:
             # Undone (its undo drops the entry); the TTL it set may remain.
             if deadline is not None and loop.time() >= deadline - _TIMER_SLACK:
+                hold.gave_up_on(length)
                 _maybe_shortened(runtime, hold, sent_at, length)
                 if hold.state is HoldState.HELD and loop.time() < hold.expires_at:
                     return False  # the caller's deadline, the hold intact

@@ -17,6 +17,7 @@ import asyncio
 import enum
 import inspect
 import logging
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, Protocol, final
 
@@ -66,6 +67,7 @@ class Hold:
         "entries",
         "expires_at",
         "fencing_token",
+        "floor",
         "guards",
         "judged",
         "key",
@@ -132,6 +134,9 @@ class Hold:
         self.judged: tuple[float, float] | None = None
         # (sent at, lease) of the latest command whose setting of the lease was confirmed.
         self.confirmed: tuple[float, float] | None = None
+        # The shortest lease a command given up on (unanswered, failed, cancelled) may still
+        # set when it lands, late: the hold counts on it and is renewed at its pace for good.
+        self.floor = math.inf
         self.state = HoldState.HELD
         self.task = task
         self.task_callback: Callable[[asyncio.Task[Any]], object] | None = None
@@ -203,10 +208,25 @@ class Hold:
         if self.confirmed is None or sent_at > self.confirmed[0]:
             self.confirmed = (sent_at, self.lease)
         self.confirm = False
-        self.expires_at = sent_at + self.lease
+        pace = self.pace
+        self.expires_at = sent_at + pace
         if self.margin is not None:
-            self.expires_at -= self.margin(self.lease)
-        self.renew_at = sent_at + self.lease / 3 if self.auto_renew else self.expires_at
+            self.expires_at -= self.margin(pace)
+        self.renew_at = sent_at + pace / 3 if self.auto_renew else self.expires_at
+
+    @property
+    def pace(self) -> float:
+        """The lease the hold counts on and is renewed at: its own, or the :attr:`floor` of
+        a shorter setting that may still land (a command is not withdrawn by giving up on it:
+        its bytes may be on the wire)."""
+        return min(self.lease, self.floor)
+
+    def gave_up_on(self, lease: float) -> None:
+        """A command setting the server's lease to ``lease`` was given up on (no answer, an
+        error after which it may have run, a cancellation): if it lands later — after a
+        longer lease was confirmed — it shortens the server's lease without a word. Count on
+        it, and renew at its pace, for the rest of the hold."""
+        self.floor = min(self.floor, lease)
 
     def crossed(self, sent_at: float, lease: float) -> None:
         """A renewal to ``lease`` sent at ``sent_at``, which may have run, crossed a command

@@ -220,7 +220,7 @@ class LeaseKeeper:
         keeps its time."""
         if hold.confirm or not hold.auto_renew:
             return
-        period = hold.lease / 3
+        period = hold.pace / 3
         beat = self._phase + math.floor((latest - self._phase) / period) * period
         hold.renew_at = min(hold.renew_at, beat)
 
@@ -346,6 +346,8 @@ class LeaseKeeper:
             # its own lease alone (the server may have run this renewal after it). Not after
             # "no free connection": nothing was sent.
             hold.judged = (sent_at, hold.lease if lease is None else lease)
+            if isinstance(result, BaseException):
+                hold.gave_up_on(hold.lease if lease is None else lease)  # it may land late
         crossed = lease is not None and lease != hold.lease
         if lease is not None and crossed and not isinstance(result, NoScriptError):
             # A re-entry or an extend changed the hold's lease while this renewal was in
@@ -372,7 +374,7 @@ class LeaseKeeper:
                 hold.renewed(sent_at)
                 # Onto the beat: a renewal sent up to _SLACK before its beat still counts as
                 # that beat's (else the next one would be due on the same beat again).
-                self._on_beat(hold, sent_at + hold.lease / 3 + _SLACK)
+                self._on_beat(hold, sent_at + hold.pace / 3 + _SLACK)
         elif hold.state is HoldState.RELEASING:
             # The task's release ran first (a hand-over's confirmation or a renewal in flight
             # as it released): not a loss — the release's own answer settles the hold. Nothing

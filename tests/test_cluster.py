@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,19 @@ from tests.servers import ServerProcess, ServerStartError, _admin, running_clust
 from tests.test_lock_faults import until
 
 pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_garbage() -> Iterator[None]:
+    """After each test here (set up first, so torn down last): collect the cluster clients'
+    garbage with ``ResourceWarning`` silenced. redis-py's cluster client drops the
+    ``ClusterNode`` objects of an old slot map (a redirection, a migration, a failover)
+    without closing their connections; collected during a later test, in another module,
+    they failed it (``filterwarnings = error``: seen once, in ``test_family.py``)."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 @pytest.fixture(scope="module")

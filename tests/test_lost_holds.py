@@ -567,3 +567,48 @@ async def test_extend_answered_after_its_own_lease_is_an_error_not_a_loss(
     assert not lease.lost and not lost and lock.owned()
     assert await lock.locked()
     await lock.release()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+async def test_a_shorter_setting_given_up_on_may_land_late(
+    kind: type[Lock], connect: Any, name: str
+) -> None:
+    """Regression (an attack pass: an ``extend(2)`` given up on — no answer within its lease —
+    was still on the wire; a confirmed ``extend(30)`` made the hold count on 30 s, renewed
+    every 10 s, then the stale command landed and set the server's lease to 2 s: a rival took
+    the lock while the holder's ``remaining()`` said 28 s). A shorter setting given up on is
+    counted on, and renewed at its pace, for the rest of the hold."""
+    client, rival_client = await connect(), await connect()
+    lock = kind(client, name, lease=30.0)
+    rival = kind(rival_client, name, lease=5.0)
+    assert await lock.acquire()
+    loop = asyncio.get_running_loop()
+    real = client.evalsha
+    late: list[asyncio.Task[object]] = []
+
+    async def stalled(script: str, numkeys: int, *rest: Any) -> object:
+        if script == LOCK_RENEW.sha and str(rest[-1]) == "2000" and not late:
+            # On the wire, not answered: it reaches the server 2.5 s from now.
+            async def lands() -> object:
+                await asyncio.sleep(2.5)
+                return await real(script, numkeys, *rest)
+
+            late.append(loop.create_task(lands()))
+            await asyncio.sleep(3600)
+        return await real(script, numkeys, *rest)
+
+    client.evalsha = stalled
+    try:
+        with pytest.raises(LockError, match="no answer"):
+            await lock.extend(2.0)
+        await lock.extend(30.0)  # confirmed
+    finally:
+        del client.evalsha
+    await late[0]  # the stale 2 s lease has landed
+    until = loop.time() + 3.0
+    while loop.time() < until:  # past its end: nobody else got in
+        assert not await rival.acquire(blocking=False)
+        await asyncio.sleep(0.05)
+    lease = lock.current_lease
+    assert lease is not None and not lease.lost
+    await lock.release()

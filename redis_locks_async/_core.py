@@ -846,7 +846,10 @@ class LockBase:
     async def extend(self, lease: float | None = None) -> None:
         """Renew the calling task's lease now, to ``lease`` seconds (default: the lock's).
 
-        The new length is kept by later renewals (a shorter lease is renewed sooner).
+        The new length is kept by later renewals (a shorter lease is renewed sooner; it counts
+        from the moment the extend is sent). The answer is awaited until the lease it sets would
+        end: without one, :class:`LockError` if the lease goes on (renewed meanwhile), else
+        :class:`LockLostError`.
         """
         length = self._lease if lease is None else check_lease(lease)
         task = _current("extend", self._name, sys._getframe(0))

@@ -422,6 +422,14 @@ def _maybe_shortened(runtime: Runtime, hold: Hold, sent_at: float, length: float
         runtime.keeper.reschedule(hold)
 
 
+def _given_up(runtime: Runtime, hold: Hold, sent_at: float, length: float) -> None:
+    """A command sent at ``sent_at`` setting ``hold``'s lease to ``length`` was given up on (no
+    answer in time, an error after which it may have run, a cancellation): it may have run, and
+    may still land (see :meth:`Hold.gave_up_on`)."""
+    hold.gave_up_on(length)
+    _maybe_shortened(runtime, hold, sent_at, length)
+
+
 def _renewed_by(
     runtime: Runtime, hold: Hold, sent_at: float, length: float, judged: object
 ) -> None:
@@ -1540,8 +1548,7 @@ class LockBase:
         lease ended first): it may have run. Lost if the lease may have ended (the keeper's
         watchdog may have said so already); else a :class:`LockError` — the lease goes on,
         kept by the renewals confirmed meanwhile."""
-        hold.gave_up_on(length)
-        _maybe_shortened(runtime, hold, sent_at, length)
+        _given_up(runtime, hold, sent_at, length)
         loop = runtime.loop
         if hold.state is HoldState.HELD and loop.time() < hold.expires_at - _TIMER_SLACK:
             raise LockError(
@@ -1571,8 +1578,7 @@ class LockBase:
         the lease it may have set has already ended (:class:`LockLostError`: ``remaining()``
         says 0, and another owner may hold the lock now), else a :class:`LockError`. Returns
         for any other exception (a cancellation: the caller re-raises it)."""
-        hold.gave_up_on(length)
-        _maybe_shortened(runtime, hold, sent_at, length)
+        _given_up(runtime, hold, sent_at, length)
         if not isinstance(exc, (RedisError, OSError)):
             return
         if hold.state is HoldState.HELD and hold.expires_at <= runtime.loop.time():
@@ -1634,8 +1640,7 @@ class LockBase:
         except _Expired:
             # Undone (its undo drops the entry); the TTL it set may remain.
             if deadline is not None and loop.time() >= deadline - _TIMER_SLACK:
-                hold.gave_up_on(length)
-                _maybe_shortened(runtime, hold, sent_at, length)
+                _given_up(runtime, hold, sent_at, length)
                 if hold.state is HoldState.HELD and loop.time() < hold.expires_at:
                     return False  # the caller's deadline, the hold intact
             self._not_set_in_time(runtime, hold, sent_at, length, "re-enter")

@@ -88,6 +88,15 @@ local function announce(channel, sharded, message)
     end
 end
 
+-- A hold that ended at `old_end` ends at `new_end` now (the same clock, any unit): if that is
+-- sooner, the waiters — who sleep at most until the end they were last told of — re-check ("r").
+-- `channel` nil: nothing to announce (the lease keeper's renewals never shorten a hold).
+local function announce_if_shorter(channel, sharded, old_end, new_end)
+    if channel and channel ~= '' and new_end < old_end then
+        announce(channel, sharded, 'r')
+    end
+end
+
 -- Waiter registrations: `queue` is a ZSET owner -> arrival (server microseconds), and `meta`
 -- holds "w:<owner>" -> "<deadline ms>:<lease ms>:<claim ms>:<role>" (role: "" for a plain
 -- lock; "r"/"w" for the sides of a read/write lock). A registration is live until its

@@ -5,6 +5,8 @@
 -- ARGV[1]  owner id that holds the side; ARGV[2] side "r" or "w"
 -- ARGV[3]  entry id of this re-entry (unique within the hold)
 -- ARGV[4]  lease in milliseconds from now (> 0)
+-- ARGV[5]  the lock's channel: a hold made shorter than it was is announced there ("r")
+-- ARGV[6]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
 -- returns  {1, token, 1, lease}  re-entered, lease renewed
 --          {-1, 0, 0, 0}         ARGV[1] does not hold that side (expired or taken over)
 -- Idempotent: an entry already recorded is not recorded twice.
@@ -24,6 +26,7 @@ if side == 'w' then
     if not string.find(entries, mark, 1, true) then
         entries = entries .. entry .. ','
     end
+    announce_if_shorter(ARGV[5], ARGV[6], tonumber(held[3]), now_ms + lease)
     redis.call('HSET', lock, 'wx', int(now_ms + lease), 'we', entries)
     keep(lock, lease)
     return {1, tonumber(held[2]), 1, lease}
@@ -36,6 +39,7 @@ end
 if not string.find(entries, mark, 1, true) then
     entries = entries .. entry .. ','
 end
+announce_if_shorter(ARGV[5], ARGV[6], tonumber(expiry), now_ms + lease)
 redis.call('HSET', lock, 'r:' .. me, int(now_ms + lease) .. ':' .. token .. ':' .. entries)
 keep(lock, lease)
 return {1, tonumber(token), 1, lease}

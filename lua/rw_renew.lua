@@ -4,6 +4,9 @@
 -- KEYS[1]  the lock HASH (see rw_acquire.lua)
 -- ARGV[1]  owner id that holds the side; ARGV[2] side "r" or "w"
 -- ARGV[3]  new lease in milliseconds, counted from now (> 0)
+-- ARGV[4]  optional (an extend): the lock's channel — a hold made shorter than it was is
+--          announced there ("r": re-check), see prelude.lua, announce_if_shorter
+-- ARGV[5]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
 -- returns  1  renewed
 --          0  ARGV[1] does not hold that side any more: the lease is lost
 -- Idempotent. Never shortens the key's TTL, which covers every hold.
@@ -18,6 +21,7 @@ if side == 'w' then
     if held[1] ~= me or tonumber(held[2]) < now_ms then
         return 0
     end
+    announce_if_shorter(ARGV[4], ARGV[5], tonumber(held[2]), now_ms + lease)
     redis.call('HSET', lock, 'wx', int(now_ms + lease))
 else
     local value = redis.call('HGET', lock, 'r:' .. me)
@@ -25,6 +29,7 @@ else
     if not expiry or tonumber(expiry) < now_ms then
         return 0
     end
+    announce_if_shorter(ARGV[4], ARGV[5], tonumber(expiry), now_ms + lease)
     redis.call('HSET', lock, 'r:' .. me, int(now_ms + lease) .. rest)
 end
 local ttl = redis.call('PTTL', lock)

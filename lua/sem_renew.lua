@@ -3,6 +3,9 @@
 --
 -- KEYS[1]  holders ZSET; KEYS[2] meta HASH                 -- as in sem_acquire.lua
 -- ARGV[1]  owner id holding the permit; ARGV[2] new lease in milliseconds from now (> 0)
+-- ARGV[3]  optional (an extend): the semaphore's channel — a permit made shorter than it was
+--          is announced there ("r": re-check), see prelude.lua, announce_if_shorter
+-- ARGV[4]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
 -- returns  1 renewed, 0 ARGV[1] holds no permit any more (its lease ended): lost
 -- Idempotent. Keeps the semaphore's keys alive as long as the lease.
 
@@ -14,6 +17,7 @@ local expiry = redis.call('ZSCORE', holders, me)
 if not expiry or tonumber(expiry) < now_ms then
     return 0
 end
+announce_if_shorter(ARGV[3], ARGV[4], tonumber(expiry), now_ms + lease)
 redis.call('ZADD', holders, 'XX', now_ms + lease, me)
 keep(holders, lease)
 keep(meta, lease + AUX_TAIL_MS)

@@ -10,9 +10,11 @@ What changes on a cluster, and where it is handled:
   lock's channel lives on the node that owns its slot, and one subscription hub per node
   multiplexes every channel of that node. The hub's connection is a plain connection to that
   node (its own small pool, with the cluster client's connection settings), so the hub's health
-  check, reconnection and re-check apply unchanged. After a failover or a slot migration the
-  node answers with a ``MOVED`` error or drops the subscription: the hub reconnects, and the
-  waiters re-check (their fallback timers bound the wait in any case).
+  check, reconnection and re-check apply unchanged. After a slot migration the old node drops
+  the subscription and answers its renewal with ``MOVED``; after a failover the old node is
+  gone and the client's slot map names the promoted replica. Either way the hub gives the
+  channel up and its waiters re-check, then follow it to the hub of the node that serves it
+  now (``LockBase._follow``); their fallback timers bound the wait in any case.
 * **Renewals** are pipelined per node (a cluster pipeline refuses ``EVALSHA``): the keeper's
   batch is split by the node that owns each lock's slot, one pipeline per node, sent
   concurrently; a renewal answered with a redirection is re-sent through the cluster client.

@@ -63,12 +63,13 @@ from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
 from ._lease import Hold, HoldState, Lease, LostCallback
 from ._owners import new_owner_id
-from ._parking import Granted, News, Waiter
+from ._parking import Granted, News, ParkingLot, Waiter
 from ._runtime import Runtime, existing_runtime, runtime_for
 from ._scripts import Call, explain, ints, wrong_type_error
 from ._validation import check_lease, check_name, check_replicas, check_timeout, to_ms
 
 if TYPE_CHECKING:
+    from ._notify import Hub
     from ._runtime import Topology
 
 __all__ = ("UNSET", "Attempt", "LockBase", "LockState", "LockStatistics", "Policy", "Reply")
@@ -79,6 +80,9 @@ _T = TypeVar("_T")
 
 REGISTRATION_GRACE: Final = 2.0  # seconds a registration outlives the holder's lease (+ claim)
 TRY_BOUND: Final = 1.0  # seconds a single attempt (blocking=False) waits for its reply
+# seconds between a waiter's re-checks while its lock's channel is subscribed nowhere (its slot
+# is moving between cluster nodes: no announcement can reach it)
+ORPHAN_RECHECK: Final = 1.0
 _TIMER_SLACK: Final = 0.001  # seconds a loop timer may fire before its time (clock resolution)
 REPLICA_WAIT_FLOOR: Final = 0.05  # seconds a replica sync may wait past the caller's deadline
 # Seconds a waiter that gives up waits for its clean-up: a round trip on a healthy server;
@@ -240,16 +244,20 @@ class Policy(ABC):
         handed it otherwise (see :class:`Attempt`)."""
 
     @abstractmethod
-    def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
-        """Add re-entry ``entry`` to ``owner``'s hold and renew its lease."""
+    def reenter(self, owner: str, entry: str, lease_ms: int, sharded: bool = False) -> Call:
+        """Add re-entry ``entry`` to ``owner``'s hold and renew its lease; a lease made
+        shorter than it was is announced ("r": re-check) on the lock's channel (``sharded``:
+        with ``SPUBLISH``), so waiters do not sleep until the longer one would have ended."""
 
     @abstractmethod
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """Release in ``mode`` (class docstring)."""
 
     @abstractmethod
-    def renew(self, owner: str, lease: float) -> Call:
-        """Renew ``owner``'s lease to ``lease`` seconds (pipelined by the lease keeper)."""
+    def renew(self, owner: str, lease: float, sharded: bool | None = None) -> Call:
+        """Renew ``owner``'s lease to ``lease`` seconds (pipelined by the lease keeper). With
+        ``sharded`` given (an ``extend()``), a lease made shorter than it was is announced as
+        :meth:`reenter` does; the keeper's renewals never shorten one and announce nothing."""
 
     @abstractmethod
     async def locked(self, client: Any) -> bool:
@@ -877,7 +885,7 @@ class LockBase:
         try:
             renewed = await self._call(
                 runtime,
-                self._policy.renew(hold.owner, length).run(self._redis),
+                self._policy.renew(hold.owner, length, runtime.topology.sharded).run(self._redis),
                 None,
                 lambda: min(bound, hold.expires_at),
             )
@@ -1297,17 +1305,28 @@ class LockBase:
                 await asyncio.wait((ended,), timeout=_left(deadline, loop))
                 if not ended.done():
                     return False
-            self._check_open(runtime)
-            if not await hub.subscribed(channel, deadline):
-                return False
             failures = 0
+            homed: Hub | None = None  # the hub whose subscription the attempts followed
             call = self._attempt_call(runtime, owner, True, task)
 
             def attempt() -> Awaitable[object]:
                 return self._call(runtime, call.run(self._redis), None, deadline)
 
             while True:
+                if not waiter.turn.done():  # moved to another lot (_follow)
+                    await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
+                    if not waiter.turn.done():
+                        return False
                 self._check_open(runtime)
+                hub, lot = self._follow(runtime, hub, lot, waiter, create=False)
+                if homed is not hub and hub.existing_lot(channel) is lot:
+                    # The first attempt (and the first in a new home) follows the subscription:
+                    # a release after it is heard. (Later ones do not wait for a re-subscription
+                    # after a reconnection: their timers are the fallback meanwhile.)
+                    if not await hub.subscribed(channel, deadline):
+                        return False
+                    homed = hub
+                    self._check_open(runtime)
                 waiter.forget_news()
                 sent_at = loop.time()
                 registered = True
@@ -1336,6 +1355,13 @@ class LockBase:
                     )
                 if reply.token > 0:
                     since = (sent_at, reply.token)
+                if hub.existing_lot(channel) is not lot:
+                    # The channel's slot moved to another node (the hub gave it up); this
+                    # attempt followed it: subscribe there, then attempt again.
+                    moved = self._follow(runtime, hub, lot, waiter, create=True)
+                    if moved != (hub, lot):
+                        hub, lot = moved
+                        continue
                 ttl = reply.ttl_ms / 1000 if reply.ttl_ms >= 0 else self._lease
                 # The registration lives for max(ttl, lease) + grace on the server: re-check
                 # (which refreshes it) before then, however often hand-overs to others move
@@ -1346,6 +1372,10 @@ class LockBase:
                 recheck_at = waiter.watch = sent_at + ttl
                 if one_watcher and lot.watcher() is not waiter:
                     recheck_at = refresh_at
+                if hub.existing_lot(channel) is not lot:
+                    # Subscribed nowhere (the slot is between nodes): no announcement can
+                    # reach this waiter, so it re-checks every ORPHAN_RECHECK seconds.
+                    recheck_at = min(recheck_at, sent_at + ORPHAN_RECHECK)
                 while True:
                     news = (
                         None
@@ -1385,6 +1415,33 @@ class LockBase:
                 # goes on in the background if the server is slow to answer.
                 cleanup = self._undo(runtime, self._abandon(owner))
                 await asyncio.wait((cleanup,), timeout=CLEANUP_GRACE)
+
+    def _follow(
+        self, runtime: Runtime, hub: Hub, lot: ParkingLot, waiter: Waiter, *, create: bool
+    ) -> tuple[Hub, ParkingLot]:
+        """The hub and lot ``waiter`` waits in from now on. Unchanged unless ``hub`` gave the
+        lock's channel up (a cluster slot migration: the channel lives on another node now).
+        Then the lot moves to the hub of the channel's node — as found by another waiter of
+        the lot, or (``create``: only just after an attempt, which made the client learn where
+        the slot lives) by subscribing the channel there; if that node already has a lot for
+        it (a newcomer's), ``waiter`` joins that one, at its end."""
+        channel = self._policy.keys.channel
+        if hub.existing_lot(channel) is lot:
+            return hub, lot
+        home = runtime.hub(channel)
+        found = home.existing_lot(channel)
+        if found is None and (not create or home is hub):
+            return hub, lot  # not known elsewhere yet (or the node still claims the slot)
+        if found is None:
+            found = home.lot(channel, self._policy.active_waiters, shared=lot)
+        elif found is not lot:
+            lot.pass_watch(waiter, waiter.watch)
+            lot.leave(waiter)
+            waiter.turn = runtime.loop.create_future()
+            home.lot(channel, self._policy.active_waiters)  # (cancels a linger)
+            found.join(waiter)
+        hub.done_with(channel)
+        return home, found
 
     # -- holds -----------------------------------------------------------------------------
 
@@ -1621,7 +1678,7 @@ class LockBase:
         length = self._lease
         if hold.renew_until is not None:  # max_hold: a re-entry never carries the hold past it
             length = min(length, max(0.001, hold.renew_until - sent_at))
-        call = self._policy.reenter(owner, entry, to_ms(length))
+        call = self._policy.reenter(owner, entry, to_ms(length), runtime.topology.sharded)
         undo = self._entry_undo(owner, entry, runtime.topology.sharded)
         limit = self._setting(runtime, hold, sent_at, length)
         if deadline is not None:

@@ -389,8 +389,10 @@ class FanOut:
         value = state.value if state is not None else None
         if state is None or value is None:
             return [-1, 0, 0, 0] if role == "reenter" else 0
-        state.lengthen(args[-1])  # renew: (owner, lease ms); reenter: (owner, entry, lease ms)
-        lease = int(args[-1]) / 1000
+        # renew: (owner, lease ms[, channel, sharded]); reenter: (owner, entry, lease ms, ...)
+        lease_ms = args[1] if role == "renew" else args[2]
+        state.lengthen(lease_ms)
+        lease = int(lease_ms) / 1000
         loop = asyncio.get_running_loop()
         started = loop.time()
         answered: Callable[[int], None] | None = None
@@ -952,18 +954,25 @@ class MultiHub:
                 seen.setdefault(id(lot), lot)
         return list(seen.values())
 
-    def lot(self, channel: str, active: int = 1) -> ParkingLot:
-        """The one parking lot of ``channel``, subscribed on every master."""
-        shared = None
-        for hub in self._hubs:
-            shared = hub.existing_lot(channel)
-            if shared is not None:
-                break
-        if shared is None:
+    def lot(self, channel: str, active: int = 1, *, shared: ParkingLot | None = None) -> ParkingLot:
+        """The one parking lot of ``channel``, subscribed on every master (``shared``: the
+        lot to use if no master has one yet)."""
+        existing = self.existing_lot(channel)
+        if existing is not None:
+            shared = existing
+        elif shared is None:
             shared = ParkingLot(active)
         for hub in self._hubs:
             hub.lot(channel, active, shared=shared)
         return shared
+
+    def existing_lot(self, channel: str) -> ParkingLot | None:
+        """``channel``'s lot if a master has it."""
+        for hub in self._hubs:
+            lot = hub.existing_lot(channel)
+            if lot is not None:
+                return lot
+        return None
 
     def done_with(self, channel: str) -> None:
         """A waiter left ``channel``'s lot."""

@@ -46,9 +46,10 @@ class HashLockPolicy(Policy):
 
     __slots__ = ()
 
-    def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
+    def reenter(self, owner: str, entry: str, lease_ms: int, sharded: bool = False) -> Call:
         """``lock_reenter.lua``."""
-        return Call(LOCK_REENTER, (self.keys.name,), (owner, entry, lease_ms))
+        args = (owner, entry, lease_ms, self.keys.channel, "1" if sharded else "0")
+        return Call(LOCK_REENTER, (self.keys.name,), args)
 
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """``lock_release.lua``."""
@@ -58,9 +59,12 @@ class HashLockPolicy(Policy):
             (owner, mode, entry, self.keys.channel, "1" if sharded else "0"),
         )
 
-    def renew(self, owner: str, lease: float) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None = None) -> Call:
         """``lock_renew.lua``."""
-        return Call(LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease)))
+        if sharded is None:
+            return Call(LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease)))
+        args = (owner, to_ms(lease), self.keys.channel, "1" if sharded else "0")
+        return Call(LOCK_RENEW, (self.keys.name,), args)
 
     async def locked(self, client: Any) -> bool:
         """The lock hash exists (a key of another type under the name is an error: the

@@ -114,8 +114,13 @@ class Hub(Protocol):
     def lots(self) -> list[ParkingLot]:
         """Every parking lot."""
 
-    def lot(self, channel: str, active: int = 1) -> ParkingLot:
-        """The parking lot of ``channel`` (subscribing it); release with :meth:`done_with`."""
+    def lot(self, channel: str, active: int = 1, *, shared: ParkingLot | None = None) -> ParkingLot:
+        """The parking lot of ``channel`` (subscribing it; ``shared``: the lot to use if the
+        channel is new here); release with :meth:`done_with`."""
+
+    def existing_lot(self, channel: str) -> ParkingLot | None:
+        """The parking lot of ``channel`` if it is subscribed here (``None``: it is not, or
+        no longer — its cluster slot moved to another node)."""
 
     def done_with(self, channel: str) -> None:
         """A waiter left ``channel``'s lot."""
@@ -167,10 +172,14 @@ class SubscriptionHub:
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
         *,
         sharded: bool = False,
+        serves: Callable[[str], bool] | None = None,
     ) -> None:
         self._make_pubsub = make_pubsub
         self._spawn = spawn
         self._sharded = sharded
+        # Whether this hub's node still serves a channel, as the client knows it now (a
+        # cluster: the slot's primary); None: always.
+        self._serves = serves
         self._loop = asyncio.get_running_loop()
         self._channels: dict[str, _Channel] = {}
         self._pubsub: Any = None
@@ -374,17 +383,29 @@ class SubscriptionHub:
     def _moved(self, slot: int) -> None:
         """The node refused a shard channel's subscription with ``MOVED``/``ASK``: ``slot``
         now lives on another node (a slot migration). Not a refusal: the channels of that slot
-        are given up here — subscribing them again on this node would be refused for ever —
-        and their waiters re-check at once (their attempt follows the slot); they are then
-        woken by their timers, bounded by the holder's lease (README, known limits). The other
-        channels are subscribed again as the connection is re-made."""
-        for channel in [c for c in self._channels if key_slot(c) == slot]:
+        are given up here (:meth:`_give_up`) — subscribing them again on this node would be
+        refused for ever. The other channels are subscribed again as the connection is
+        re-made."""
+        self._give_up([c for c in self._channels if key_slot(c) == slot], f"slot {slot} moved")
+
+    def _relocated(self) -> None:
+        """The node cannot be reached: give up the channels the client now knows to be served
+        by another node (its replica was promoted) — their waiters follow them there."""
+        if self._serves is not None:
+            self._give_up([c for c in self._channels if not self._serves(c)], "node replaced")
+
+    def _give_up(self, channels: list[str], why: str) -> None:
+        """Stop serving ``channels`` here: their waiters re-check at once (their attempt goes
+        where the channel's slot lives now), then move their lot to that node's hub
+        (``LockBase._follow``) — or, if the client does not know the new node yet, re-check
+        every ``ORPHAN_RECHECK`` seconds until it does."""
+        for channel in channels:
             entry = self._channels.pop(channel)
             if entry.linger is not None:
                 entry.linger.cancel()
             if not entry.confirmed.done():
                 entry.confirmed.set_result(None)  # a waiter of it goes on to its attempt
-            logger.info("pub/sub: %r moved to another node (slot %d)", channel, slot)
+            logger.info("pub/sub: %r given up on this node (%s)", channel, why)
             entry.lot.recheck_all()
 
     async def _listen(self) -> None:
@@ -399,6 +420,7 @@ class SubscriptionHub:
                 try:
                     await self._connect()
                 except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                    self._relocated()
                     delay = _RECONNECT_BACKOFF[min(failures, len(_RECONNECT_BACKOFF) - 1)]
                     failures += 1
                     logger.info("pub/sub connect failed (%r); retrying in %.2fs", exc, delay)

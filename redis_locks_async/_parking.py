@@ -19,10 +19,11 @@ dropped announcement would leave waiters sleeping until their lease-bounded time
 * :class:`Evicted` — the registrations of the process with this tag were dropped (it was taken
   for dead): if that is this process after all (it was paused), its active waiters re-check —
   and so register again;
-* :class:`Recheck` — every active waiter re-checks.
+* :class:`Recheck` — every active waiter re-checks (sent as ``r`` when a holder made its lease
+  shorter: the waiters sleep at most until the end they were last told of, now too late).
 
 Wire format: ``g:<ttl ms>:<at us>:<owner>:<token>[:<owner>:<token>...]``, ``f:<n>``,
-``x:<process tag>``; anything else means "re-check".
+``x:<process tag>``, ``r``; anything else means "re-check" too.
 """
 
 from __future__ import annotations

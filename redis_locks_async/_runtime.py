@@ -285,7 +285,12 @@ class Runtime:
                 hub = self._hubs[node] = make_hub(node, self.spawn)
             else:
                 hub = self._hubs[node] = SubscriptionHub(
-                    lambda: topology.pubsub(node), self.spawn, sharded=topology.sharded
+                    lambda: topology.pubsub(node),
+                    self.spawn,
+                    sharded=topology.sharded,
+                    serves=(lambda other: _serves(topology, other, node))
+                    if topology.sharded
+                    else None,
                 )
         return hub
 
@@ -435,3 +440,11 @@ def _hook_close(client: Any) -> None:
 
     client.aclose = aclose
     setattr(client, _HOOKED, True)
+
+
+def _serves(topology: Topology, channel: str, node: Hashable) -> bool:
+    """Whether ``node`` serves ``channel`` as ``topology`` knows it now (unknown: yes)."""
+    try:
+        return bool(topology.node_of(channel) == node)
+    except Exception:  # a slot map being rebuilt (redis-py raises several kinds): keep it
+        return True

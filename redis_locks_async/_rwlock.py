@@ -74,9 +74,10 @@ class _SidePolicy(Policy):
         args = (a.owner, side, a.lease_ms, mode, a.grace_ms, a.claim_ms, keys.channel)
         return Call(RW_ACQUIRE, keys.script_keys, (*args, int(a.sharded), prefer, a.peer))
 
-    def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
+    def reenter(self, owner: str, entry: str, lease_ms: int, sharded: bool = False) -> Call:
         """``rw_reenter.lua``."""
-        return Call(RW_REENTER, (self.keys.name,), (owner, self.side, entry, lease_ms))
+        args = (owner, self.side, entry, lease_ms, self.keys.channel, "1" if sharded else "0")
+        return Call(RW_REENTER, (self.keys.name,), args)
 
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """``rw_release.lua``."""
@@ -84,9 +85,12 @@ class _SidePolicy(Policy):
         args = (owner, self.side, mode, entry, keys.channel, "1" if sharded else "0")
         return Call(RW_RELEASE, keys.script_keys, args)
 
-    def renew(self, owner: str, lease: float) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None = None) -> Call:
         """``rw_renew.lua``."""
-        return Call(RW_RENEW, (self.keys.name,), (owner, self.side, to_ms(lease)))
+        args: tuple[str | int, ...] = (owner, self.side, to_ms(lease))
+        if sharded is not None:
+            args = (*args, self.keys.channel, "1" if sharded else "0")
+        return Call(RW_RENEW, (self.keys.name,), args)
 
     async def locked(self, client: Any) -> bool:
         """``rw_locked.lua``: the write side is locked while anyone holds the lock, the read

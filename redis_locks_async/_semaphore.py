@@ -78,7 +78,9 @@ class SemaphorePolicy(Policy):
         args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, self.permits, keys.channel)
         return Call(SEM_ACQUIRE, keys.script_keys, (*args, int(a.sharded)))
 
-    def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:  # pragma: no cover
+    def reenter(  # pragma: no cover
+        self, owner: str, entry: str, lease_ms: int, sharded: bool = False
+    ) -> Call:
         """Never called: every acquisition is a permit of its own."""
         raise NotImplementedError("a semaphore's permits are not re-entered")
 
@@ -88,9 +90,12 @@ class SemaphorePolicy(Policy):
         args = (owner, mode, entry, keys.channel, "1" if sharded else "0", self.permits)
         return Call(SEM_RELEASE, keys.script_keys, args)
 
-    def renew(self, owner: str, lease: float) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None = None) -> Call:
         """``sem_renew.lua``."""
-        return Call(SEM_RENEW, (self.keys.name, self.keys.meta), (owner, to_ms(lease)))
+        keys = (self.keys.name, self.keys.meta)
+        if sharded is None:
+            return Call(SEM_RENEW, keys, (owner, to_ms(lease)))
+        return Call(SEM_RENEW, keys, (owner, to_ms(lease), self.keys.channel, int(sharded)))
 
     async def locked(self, client: Any) -> bool:
         """No permit is free right now."""

@@ -312,11 +312,18 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
     dead node — only redirections were sent through the cluster client — so redis-py never
     refreshed its slot map and the hold was signalled lost at its lease end, while the lock
     was on the new primary all along. A failing node now gets one call through the cluster
-    client, which finds the new primary."""
+    client, which finds the new primary.
+
+    Also a regression of a known limit: a waiter of the lock, subscribed on the dead primary,
+    was not moved to the new primary's pub/sub — it woke only at its fallback bound (the
+    holder's lease, 8 s), not at the release. The hub gives up the channels its node no longer
+    serves and the waiter follows them."""
     with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
         first = nodes[0]
         client = RedisCluster(host=first.host, port=first.port)
+        other = RedisCluster(host=first.host, port=first.port)
         await client.initialize()
+        await other.initialize()
         try:
             name = "{failover}:orders"
             served_by = client.get_node_from_key(name)
@@ -326,6 +333,7 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
             lost: list[object] = []
             lock = Lock(client, name, lease=8.0, on_lost=lost.append)
             assert await lock.acquire(blocking=False)
+            waiter = asyncio.create_task(_hold_briefly(Lock(other, name), timeout=60))
             started = time.monotonic()
             await asyncio.sleep(0.3)  # replicated
             primary.kill()
@@ -336,10 +344,15 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
             lease = lock.current_lease
             assert not lost and lease is not None and not lease.lost
             assert lock.owned() and await lock.locked()
+            assert not waiter.done()
+            released = time.monotonic()
             await lock.release()
+            assert await asyncio.wait_for(waiter, 10) is True
+            assert time.monotonic() - released < 2.0, "the waiter was not woken by the release"
             assert not await lock.locked()
         finally:
             await client.aclose()
+            await other.aclose()
 
 
 def _migrate_slot(
@@ -415,6 +428,54 @@ async def test_a_slot_migration_does_not_fail_waits_on_other_slots(
     # The moved lock's waiter: woken at the latest when the holder's lease would have ended
     # (README, known limits).
     assert await asyncio.wait_for(waiting_moved, 10) is True
+
+
+@pytest.mark.parametrize("kind", [Lock, FairLock])
+async def test_waiters_of_a_moved_lock_are_woken_on_its_new_node(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster], kind: type[Lock]
+) -> None:
+    """Regression (known limit of the previous release: the waiters of a lock whose slot
+    migrated were not subscribed on its new node — they woke only when the holder's lease
+    would have ended, 20 s here — and the waiters parked behind the first one, on the hub that
+    gave the channel up, failed with a ``KeyError`` when their turn came). The waiters follow
+    the slot: the release on the new node wakes them at once, parked ones included."""
+    a, b = cluster
+    name = f"follow:{kind.__name__}:0"
+    source = _process_of(cluster_nodes, a, name)
+    target = next(p for p in cluster_nodes if p is not source)
+    holder = kind(a, name, lease=20.0)
+    assert await holder.acquire(blocking=False)
+    order: list[int] = []
+
+    async def wait_for_it(index: int) -> None:
+        async with kind(b, name, lease=5.0, timeout=15):
+            order.append(index)
+
+    waiters = [asyncio.create_task(wait_for_it(i)) for i in range(3)]
+    await asyncio.sleep(0.3)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(
+        None, _migrate_slot, cluster_nodes, a.keyslot(name), source, target, 0.0
+    )
+    await asyncio.sleep(1.5)  # the old node drops the shard channel; the waiters follow it
+    channel = holder._policy.keys.channel
+    await until(lambda: _subscribed_on(target, channel), what="the waiters to follow the slot")
+    released = loop.time()
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    assert sorted(order) == [0, 1, 2]
+    assert loop.time() - released < 3.0, "the waiters were not woken by the release"
+
+
+async def _subscribed_on(node: ServerProcess, channel: str) -> bool:
+    from redis.asyncio import Redis
+
+    client = Redis(host=node.host, port=node.port)
+    try:
+        counts = await client.execute_command("PUBSUB", "SHARDNUMSUB", channel)  # type: ignore[no-untyped-call]
+    finally:
+        await client.aclose()
+    return int(counts[1]) > 0
 
 
 async def test_a_release_in_a_slot_migration_window_frees_the_lock_after_it(

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lock, LockTimeout, ReadWriteLock, Semaphore
+from redis_locks_async import Lock, LockLostError, LockTimeout, ReadWriteLock, Semaphore
 from tests import _introspect as introspect
 from tests._lockworker import Primitive, make_lock
 from tests._workers import Hold, Spawn, assert_exclusive, contend, readline, worker_process
@@ -312,6 +312,42 @@ class TestEveryPrimitive:
             assert lease.fencing_token > dead_token
         finally:
             await waiter.end()
+        await settle(client)
+
+    @pytest.mark.parametrize("how", ["extend", "reenter"])
+    async def test_a_shortened_lease_that_ends_wakes_the_waiters(
+        self, connect: Connect, client: aioredis.Redis, make: Make, kind: str, name: str, how: str
+    ) -> None:
+        """Regression (known limit of the previous release, found by an attack pass: a waiter
+        sleeps until the end of the holder's lease as its last attempt saw it — 30 s here; a
+        holder that then shortened its lease to 1 s, by ``extend`` or by a re-entry through an
+        object of a shorter lease, and stopped renewing announced nothing, so the waiter slept
+        on for 29 s after the lock was free). A lease made shorter is announced ("r": the
+        waiters re-check)."""
+        if how == "reenter" and kind == "sem":
+            pytest.skip("a semaphore's permits are not re-entered")
+        holder = make(client, name, lease=30.0, auto_renew=False)
+        assert await holder.acquire(blocking=False)
+        other = await connect()
+        waiter = HoldingTask(make(other, name), timeout=20)
+        try:
+            await until(lambda: registered(client, name, kind), what="the waiter's registration")
+            await asyncio.sleep(0.2)  # its attempt's reply (the 30 s bound) has arrived
+            loop = asyncio.get_running_loop()
+            shortened_at = loop.time()
+            if how == "extend":
+                await holder.extend(1.0)
+            else:
+                assert await make(client, name, lease=1.0, auto_renew=False).acquire()
+            lease = await waiter.wait_acquired(within=5.0)
+            took = loop.time() - shortened_at
+            assert lease is not None
+            assert took < 2.0, f"the waiter got in {took:.2f} s after the 1 s lease began"
+        finally:
+            await waiter.end()
+            for _ in range(2 if how == "reenter" else 1):
+                with contextlib.suppress(LockLostError):
+                    await holder.release()
         await settle(client)
 
     @pytest.mark.parametrize("dead", [1, 3])

@@ -300,6 +300,36 @@ class TestQuorum:
         await settle(waiter)
 
 
+    async def test_a_shortened_lease_that_ends_wakes_the_waiter(
+        self, clients: Clients, name: str, n: int
+    ) -> None:
+        """Regression (known limit of the previous release): a holder that shortened its
+        lease (``extend(1)`` of a 30 s lease) and stopped renewing announced nothing; the
+        waiter slept until the 30 s lease its attempt had seen would have ended."""
+        holder = RedLock(clients(n), name, lease=30.0, auto_renew=False)
+        waiter = RedLock(clients(n), name, lease=10.0)
+        assert await holder.acquire(blocking=False)
+        loop = asyncio.get_running_loop()
+
+        async def wait() -> float:
+            assert await waiter.acquire(timeout=15)
+            got_at = loop.time()
+            await waiter.release()
+            return got_at
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0.3)  # the waiter subscribed and found it held
+        assert not task.done()
+        shortened_at = loop.time()
+        await holder.extend(1.0)
+        got_at = await asyncio.wait_for(task, 10)
+        assert got_at - shortened_at < 2.0
+        with contextlib.suppress(LockLostError):
+            await holder.release()
+        await settle(holder)
+        await settle(waiter)
+
+
 # --------------------------------------------------------------------------------------------
 # Masters down: killed, stopped, blackholed
 # --------------------------------------------------------------------------------------------

@@ -139,14 +139,14 @@ class PermitPolicy(Policy):
         args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, self.permits)
         return Call(_ACQUIRE, self.keys.script_keys, args)
 
-    def reenter(self, owner: str, entry: str, lease_ms: int) -> Call:
+    def reenter(self, owner: str, entry: str, lease_ms: int, sharded: bool = False) -> Call:
         return Call(_REFUSE, (self.keys.name,), ())
 
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         args = (owner, mode, entry, self.keys.channel, "1" if sharded else "0")
         return Call(_RELEASE, self.keys.script_keys, args)
 
-    def renew(self, owner: str, lease: float) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None = None) -> Call:
         return Call(_RENEW, (self.keys.name,), (owner, to_ms(lease)))
 
     async def locked(self, client: Any) -> bool:

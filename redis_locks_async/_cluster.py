@@ -87,6 +87,11 @@ class Cluster(ClientRef):
         """A plain pub/sub connection to ``node``."""
         return PubSub(self._node_client(str(node)).connection_pool)
 
+    async def refresh(self, key: str) -> None:
+        """Make the cluster client look up where ``key``'s slot lives (one cheap read sent
+        through it: a dead node's connection error makes redis-py rebuild its slot map)."""
+        await self.client.pttl(key)  # (exists() would go through a pipeline)
+
     def transient(self, exc: BaseException) -> bool:
         """Standalone's transient errors, plus redirections, ``TRYAGAIN`` and a cluster that
         is down for now (a failover in progress)."""

@@ -1313,12 +1313,15 @@ class LockBase:
                 return self._call(runtime, call.run(self._redis), None, deadline)
 
             while True:
-                if not waiter.turn.done():  # moved to another lot (_follow)
+                self._check_open(runtime)
+                hub, lot = self._follow(runtime, hub, lot, waiter, create=False)
+                if not waiter.turn.done():
+                    # Moved to the end of another lot (_follow): wait for the turn there (a
+                    # grant naming this waiter gives it at once), then look again.
                     await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
                     if not waiter.turn.done():
                         return False
-                self._check_open(runtime)
-                hub, lot = self._follow(runtime, hub, lot, waiter, create=False)
+                    continue
                 if homed is not hub and hub.existing_lot(channel) is lot:
                     # The first attempt (and the first in a new home) follows the subscription:
                     # a release after it is heard. (Later ones do not wait for a re-subscription
@@ -1408,13 +1411,25 @@ class LockBase:
                 hold = runtime.holds.get((self._policy.hold_key, task)) if acquired else None
                 lot.pass_watch(waiter, waiter.watch if hold is None else hold.expires_at)
             lot.leave(waiter)
-            hub.done_with(channel)
+            self._home(runtime, hub, lot).done_with(channel)
             if registered and not acquired:
                 # Give the clean-up a moment, so that the registration (or a lock handed over
                 # meanwhile, which it passes on) is gone when the caller sees the outcome; it
                 # goes on in the background if the server is slow to answer.
                 cleanup = self._undo(runtime, self._abandon(owner))
                 await asyncio.wait((cleanup,), timeout=CLEANUP_GRACE)
+
+    def _home(self, runtime: Runtime, hub: Hub, lot: ParkingLot) -> Hub:
+        """The hub that has ``lot`` now: ``hub``, unless another waiter of the lot moved it
+        (:meth:`_follow`)."""
+        channel = self._policy.keys.channel
+        if hub.existing_lot(channel) is lot:
+            return hub
+        try:
+            home = runtime.hub(channel)
+        except LockError:  # closed meanwhile
+            return hub
+        return home if home.existing_lot(channel) is lot else hub
 
     def _follow(
         self, runtime: Runtime, hub: Hub, lot: ParkingLot, waiter: Waiter, *, create: bool
@@ -1428,7 +1443,10 @@ class LockBase:
         channel = self._policy.keys.channel
         if hub.existing_lot(channel) is lot:
             return hub, lot
-        home = runtime.hub(channel)
+        try:
+            home = runtime.hub(channel)
+        except LockError:  # no node serves the slot right now: look again later
+            return hub, lot
         found = home.existing_lot(channel)
         if found is None and (not create or home is hub):
             return hub, lot  # not known elsewhere yet (or the node still claims the slot)

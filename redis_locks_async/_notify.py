@@ -44,7 +44,7 @@ import logging
 import os
 import sys
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, final
 
 from redis.exceptions import AskError, RedisError, ResponseError
@@ -173,6 +173,7 @@ class SubscriptionHub:
         *,
         sharded: bool = False,
         serves: Callable[[str], bool] | None = None,
+        refresh: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         self._make_pubsub = make_pubsub
         self._spawn = spawn
@@ -180,6 +181,9 @@ class SubscriptionHub:
         # Whether this hub's node still serves a channel, as the client knows it now (a
         # cluster: the slot's primary); None: always.
         self._serves = serves
+        # Makes the client look up where a channel's slot lives now (a command through the
+        # cluster client): a client that only waits sends nothing that would tell it.
+        self._refresh = refresh
         self._loop = asyncio.get_running_loop()
         self._channels: dict[str, _Channel] = {}
         self._pubsub: Any = None
@@ -388,11 +392,20 @@ class SubscriptionHub:
         re-made."""
         self._give_up([c for c in self._channels if key_slot(c) == slot], f"slot {slot} moved")
 
-    def _relocated(self) -> None:
-        """The node cannot be reached: give up the channels the client now knows to be served
-        by another node (its replica was promoted) — their waiters follow them there."""
-        if self._serves is not None:
-            self._give_up([c for c in self._channels if not self._serves(c)], "node replaced")
+    async def _relocate(self) -> None:
+        """The node cannot be reached: give up the channels the client knows to be served by
+        another node now (its replica was promoted) — their waiters follow them there. The
+        client is first made to look the slot up (one command through it), as a client that
+        only waits would otherwise go on naming the dead node."""
+        serves = self._serves
+        if serves is None or not self._channels:
+            return
+        if self._refresh is not None:
+            try:
+                await asyncio.wait_for(self._refresh(next(iter(self._channels))), _SEND_TIMEOUT)
+            except Exception as exc:  # the node is down: errors are expected, and only a hint
+                logger.debug("pub/sub: slot look-up failed: %r", exc)
+        self._give_up([c for c in self._channels if not serves(c)], "node replaced")
 
     def _give_up(self, channels: list[str], why: str) -> None:
         """Stop serving ``channels`` here: their waiters re-check at once (their attempt goes
@@ -420,7 +433,7 @@ class SubscriptionHub:
                 try:
                     await self._connect()
                 except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
-                    self._relocated()
+                    await self._relocate()
                     delay = _RECONNECT_BACKOFF[min(failures, len(_RECONNECT_BACKOFF) - 1)]
                     failures += 1
                     logger.info("pub/sub connect failed (%r); retrying in %.2fs", exc, delay)

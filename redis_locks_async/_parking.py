@@ -163,9 +163,13 @@ class Waiter:
             self._signal.set_result(None)
 
     def granted(self, token: int, news: Grant) -> None:
-        """The lock was handed to this waiter's owner id (``news``: the announcement)."""
+        """The lock was handed to this waiter's owner id (``news``: the announcement). A
+        waiter not yet among the active ones (one that followed its lock to another node's
+        lot, at its end) takes its turn at once: the server holds the lock for it."""
         self.grant = Granted(token, news.ttl_ms / 1000, news.at_us, self._loop.time())
         self.notify(News.GRANTED)
+        if not self.turn.done():
+            self.turn.set_result(None)
 
     def forget_news(self) -> None:
         """Drop earlier wake-ups: called just before an attempt, whose reply supersedes them

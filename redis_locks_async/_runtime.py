@@ -291,6 +291,7 @@ class Runtime:
                     serves=(lambda other: _serves(topology, other, node))
                     if topology.sharded
                     else None,
+                    refresh=getattr(topology, "refresh", None),
                 )
         return hub
 
@@ -408,14 +409,20 @@ def close_with(client: Any, closer: Callable[[], Coroutine[Any, Any, None]]) -> 
 
 
 def _internal_reset(caller: FrameType | None) -> bool:
-    """Whether ``aclose()`` was called by redis-py's own cluster command path (a reset of its
-    slot map, after which the client reconnects by itself)."""
+    """Whether ``aclose()`` was called by redis-py's own cluster code (a reset of its slot map,
+    after which the client reconnects by itself): its command path, and its pipelines — which
+    also serve multi-key commands (``exists``, ``delete``, ``mget`` of keys in several slots) —
+    but not the user's ``close()`` or ``async with`` exit."""
     code = None if caller is None else caller.f_code
     return (
         code is not None
-        and code.co_name == "_execute_command"
+        and code.co_name not in _USER_CLOSES
         and code.co_filename.replace("\\", "/").endswith("redis/asyncio/cluster.py")
     )
+
+
+# redis-py cluster functions that close the client on the user's behalf
+_USER_CLOSES: Final = frozenset({"close", "__aexit__", "__del__"})
 
 
 def _hook_close(client: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import time
 import warnings
@@ -312,18 +313,11 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
     dead node — only redirections were sent through the cluster client — so redis-py never
     refreshed its slot map and the hold was signalled lost at its lease end, while the lock
     was on the new primary all along. A failing node now gets one call through the cluster
-    client, which finds the new primary.
-
-    Also a regression of a known limit: a waiter of the lock, subscribed on the dead primary,
-    was not moved to the new primary's pub/sub — it woke only at its fallback bound (the
-    holder's lease, 8 s), not at the release. The hub gives up the channels its node no longer
-    serves and the waiter follows them."""
+    client, which finds the new primary."""
     with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
         first = nodes[0]
         client = RedisCluster(host=first.host, port=first.port)
-        other = RedisCluster(host=first.host, port=first.port)
         await client.initialize()
-        await other.initialize()
         try:
             name = "{failover}:orders"
             served_by = client.get_node_from_key(name)
@@ -333,7 +327,6 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
             lost: list[object] = []
             lock = Lock(client, name, lease=8.0, on_lost=lost.append)
             assert await lock.acquire(blocking=False)
-            waiter = asyncio.create_task(_hold_briefly(Lock(other, name), timeout=60))
             started = time.monotonic()
             await asyncio.sleep(0.3)  # replicated
             primary.kill()
@@ -344,15 +337,66 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
             lease = lock.current_lease
             assert not lost and lease is not None and not lease.lost
             assert lock.owned() and await lock.locked()
+            await lock.release()
+            assert not await lock.locked()
+        finally:
+            await client.aclose()
+
+
+async def test_waiters_follow_their_lock_to_a_promoted_replica(server_binary: Path) -> None:
+    """Regression (known limit of the previous release, then an attack pass on its fix): when
+    the primary of a held lock died and its replica was promoted, the waiters stayed on the
+    dead node's pub/sub and woke only at their fallback bound — the holder's lease, 30 s here
+    — not at the release. A client that only waits sends nothing that would show it the new
+    primary, so the hub, unable to reconnect, has the client look the slot up, gives the
+    channel up, and the waiters follow it to the new primary.
+
+    Also a regression found on the way: redis-py resets its slot map by "closing" the client
+    from its pipelines too — which serve multi-key commands such as ``exists(a, b)`` — and
+    that was taken for the user's close: every lock of the client failed ("the redis client
+    was closed")."""
+    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
+        first = nodes[0]
+        holding, waiting = (RedisCluster(host=first.host, port=first.port) for _ in range(2))
+        await holding.initialize()
+        await waiting.initialize()
+        try:
+            name = "{failover}:follow"
+            served_by = holding.get_node_from_key(name)
+            assert served_by is not None
+            index = [node.port for node in nodes].index(int(served_by.port))
+            primary, replica = nodes[index], nodes[index + 3]  # round-robin: its replica
+            lock = Lock(holding, name, lease=30.0)
+            assert await lock.acquire(blocking=False)
+            waiter = asyncio.create_task(_hold_briefly(Lock(waiting, name), timeout=60))
+            await asyncio.sleep(0.3)  # replicated; the waiter is subscribed
+            started = time.monotonic()
+            primary.kill()
+            with contextlib.suppress(RedisError, RedisClusterException):
+                await waiting.exists(name, "elsewhere")  # a pipeline, reset by the dead node
+            while "role:master" not in _admin(replica, "INFO", "replication"):
+                assert time.monotonic() - started < 30, "the replica was not promoted"
+                await asyncio.sleep(0.1)
+            while True:  # the holder's client finds the lock on the new primary
+                with contextlib.suppress(RedisError, RedisClusterException, LockError):
+                    if await lock.locked():
+                        break
+                assert time.monotonic() - started < 30, "the lock is not on the new primary"
+                await asyncio.sleep(0.1)
+            channel = lock._policy.keys.channel
+            await until(
+                lambda: _subscribed_on(replica, channel),
+                what="the waiter to follow its lock to the new primary",
+                within=10.0,
+            )
             assert not waiter.done()
             released = time.monotonic()
             await lock.release()
             assert await asyncio.wait_for(waiter, 10) is True
             assert time.monotonic() - released < 2.0, "the waiter was not woken by the release"
-            assert not await lock.locked()
         finally:
-            await client.aclose()
-            await other.aclose()
+            await holding.aclose()
+            await waiting.aclose()
 
 
 def _migrate_slot(
@@ -361,11 +405,14 @@ def _migrate_slot(
     source: ServerProcess,
     target: ServerProcess,
     window: float,
+    *,
+    source_first: float | None = None,
 ) -> None:
     """Move ``slot`` from ``source`` to ``target`` the way a live resharding does — IMPORTING /
     MIGRATING, ``MIGRATE`` its keys, then ``SETSLOT NODE`` everywhere — keeping the window
     between the keys' move and the end open ``window`` seconds (blocking: run it in a
-    thread)."""
+    thread). ``source_first``: tell the source of its new owner that many seconds before the
+    others (redis-cli tells the target first)."""
     import redis as sync_redis
 
     def connect(node: ServerProcess) -> Any:
@@ -380,6 +427,9 @@ def _migrate_slot(
     if keys:
         src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
     time.sleep(window)
+    if source_first is not None:
+        src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        time.sleep(source_first)
     for node in nodes:
         connect(node).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
 
@@ -465,6 +515,87 @@ async def test_waiters_of_a_moved_lock_are_woken_on_its_new_node(
     await asyncio.wait_for(asyncio.gather(*waiters), 10)
     assert sorted(order) == [0, 1, 2]
     assert loop.time() - released < 3.0, "the waiters were not woken by the release"
+
+
+async def test_waiters_that_followed_a_moved_lock_leave_no_subscription(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster]
+) -> None:
+    """Regression (attack pass on the follow: a waiter parked behind the first one kept the
+    hub it joined, so when it gave up after the lot moved, it told the old node's hub — the
+    new node's hub never started its linger, kept the channel subscribed for good, and made
+    ``aclose()`` wait 2 s for waiters that were long gone)."""
+    a, b = cluster
+    name = "follow:leak:0"
+    source = _process_of(cluster_nodes, a, name)
+    target = next(p for p in cluster_nodes if p is not source)
+    holder = Lock(a, name, lease=30.0)
+    assert await holder.acquire(blocking=False)
+    loop = asyncio.get_running_loop()
+    waiters = []
+    for _ in range(2):  # the first waits at the head of the lot, the second parked behind it
+        waiters.append(asyncio.create_task(_hold_briefly(Lock(b, name, lease=5.0), 60)))
+        await asyncio.sleep(0.3)
+    await loop.run_in_executor(
+        None, _migrate_slot, cluster_nodes, a.keyslot(name), source, target, 0.0
+    )
+    channel = holder._policy.keys.channel
+    await until(lambda: _subscribed_on(target, channel), what="the waiters to follow the slot")
+    for waiter in waiters:  # the first one, then the one parked behind it
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    await holder.release()
+
+    async def unsubscribed() -> bool:
+        return not await _subscribed_on(target, channel)
+
+    await until(unsubscribed, what="the channel's linger to end", within=5.0)
+    started = loop.time()
+    await b.aclose()
+    assert loop.time() - started < 1.0, "aclose() waited for waiters that had left"
+
+
+async def test_a_waiter_that_follows_its_lock_behind_a_newcomer_takes_its_grant(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster]
+) -> None:
+    """Regression (attack pass on the follow: a waiter registered on the server followed its
+    lock to the new node, found a lot a newcomer of its process had made there, and joined it
+    at its end — waiting for its turn, deaf to the grant the server then sent it as the oldest
+    registration, while the newcomer heard "later" and slept out the claim window: the lock
+    stalled ``claim_timeout`` (6 s here) after the release). A grant gives a waiter its turn."""
+    holding, waiting = cluster
+    name = "follow:newcomer:0"
+    holder = Lock(holding, name, lease=3.0)
+    assert await holder.acquire(blocking=False)
+    source = _process_of(cluster_nodes, holding, name)
+    target = next(p for p in cluster_nodes if p is not source)
+    loop = asyncio.get_running_loop()
+    got: list[float] = []
+
+    async def wait_for_it() -> None:
+        lock = Lock(waiting, name, lease=5.0, claim_timeout=6.0)
+        assert await lock.acquire(timeout=30)
+        got.append(loop.time())
+        await lock.release()
+
+    waiters = [asyncio.create_task(wait_for_it())]
+    await asyncio.sleep(0.5)  # registered on the old node
+    # The new owner is told to the old node 0.6 s before the others: meanwhile the two nodes
+    # redirect to each other and the first waiter backs off; a newcomer subscribes first.
+    await loop.run_in_executor(
+        None,
+        functools.partial(_migrate_slot, source_first=0.6),
+        cluster_nodes,
+        holding.keyslot(name),
+        source,
+        target,
+        0.0,
+    )
+    waiters.append(asyncio.create_task(wait_for_it()))
+    await asyncio.sleep(4.5)  # the move is over; the first waiter re-checked at the holder's TTL
+    released = loop.time()
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*waiters), 20)
+    assert max(got) - released < 2.0, "the lock stalled after the release"
 
 
 async def _subscribed_on(node: ServerProcess, channel: str) -> bool:

@@ -587,7 +587,8 @@ async def test_a_shorter_setting_given_up_on_may_land_late(
     late: list[asyncio.Task[object]] = []
 
     async def stalled(script: str, numkeys: int, *rest: Any) -> object:
-        if script == LOCK_RENEW.sha and str(rest[-1]) == "2000" and not late:
+        # rest: the lock's key, then owner, lease ms[, channel, sharded]
+        if script == LOCK_RENEW.sha and str(rest[numkeys + 1]) == "2000" and not late:
             # On the wire, not answered: it reaches the server 2.5 s from now.
             async def lands() -> object:
                 await asyncio.sleep(2.5)

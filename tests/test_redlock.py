@@ -299,7 +299,6 @@ class TestQuorum:
         await settle(holder)
         await settle(waiter)
 
-
     async def test_a_shortened_lease_that_ends_wakes_the_waiter(
         self, clients: Clients, name: str, n: int
     ) -> None:

@@ -90,7 +90,8 @@ end
 
 -- A hold that ended at `old_end` ends at `new_end` now (the same clock, any unit): if that is
 -- sooner, the waiters — who sleep at most until the end they were last told of — re-check ("r").
--- `channel` nil: nothing to announce (the lease keeper's renewals never shorten a hold).
+-- (An extend or a re-entry to a shorter lease; or a renewal at a lease shortened by a setting
+-- given up on before it was sent.) `channel` nil or empty: nothing to announce.
 local function announce_if_shorter(channel, sharded, old_end, new_end)
     if channel and channel ~= '' and new_end < old_end then
         announce(channel, sharded, 'r')

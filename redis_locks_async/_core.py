@@ -61,7 +61,7 @@ from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 from . import _telemetry as telemetry
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
-from ._lease import Hold, HoldState, Lease, LostCallback
+from ._lease import Hold, HoldState, Lease, LostCallback, Snapshot
 from ._owners import new_owner_id
 from ._parking import Granted, News, ParkingLot, Waiter
 from ._runtime import Runtime, existing_runtime, runtime_for
@@ -254,10 +254,11 @@ class Policy(ABC):
         """Release in ``mode`` (class docstring)."""
 
     @abstractmethod
-    def renew(self, owner: str, lease: float, sharded: bool | None = None) -> Call:
-        """Renew ``owner``'s lease to ``lease`` seconds (pipelined by the lease keeper). With
-        ``sharded`` given (an ``extend()``), a lease made shorter than it was is announced as
-        :meth:`reenter` does; the keeper's renewals never shorten one and announce nothing."""
+    def renew(self, owner: str, lease: float, sharded: bool) -> Call:
+        """Renew ``owner``'s lease to ``lease`` seconds (pipelined by the lease keeper; also
+        ``extend()``); a lease made shorter than it was is announced as :meth:`reenter`
+        does — whoever sends it: an ``extend(shorter)``, or the keeper renewing a hold whose
+        shorter setting was given up on before it was sent."""
 
     @abstractmethod
     async def locked(self, client: Any) -> bool:
@@ -773,7 +774,7 @@ class LockBase:
         if deadline is not None:
             timeout = min(timeout, max(REPLICA_WAIT_FLOOR, deadline - loop.time()))
         ends = loop.time() + timeout
-        call = self._policy.renew(hold.owner, hold.lease)
+        call = self._policy.renew(hold.owner, hold.lease, runtime.topology.sharded)
         waits = ("WAITAOF", 0, wanted) if self._replica_fsync else ("WAIT", wanted)
         problem = ""
         current = asyncio.current_task()
@@ -881,6 +882,7 @@ class LockBase:
                 f"max_hold (which ends in {max(0.0, hold.renew_until - sent_at):.3g} s)",
                 name=self._name,
             )
+        before = hold.snapshot()
         bound = self._setting(runtime, hold, sent_at, length)
         try:
             renewed = await self._call(
@@ -894,7 +896,7 @@ class LockBase:
         except BaseException as exc:
             # The renewal may have run all the same (its reply late or lost, the caller
             # cancelled): the server's lease may now be the shorter one.
-            await self._setting_failed(runtime, hold, sent_at, length, exc, "extend")
+            await self._setting_failed(runtime, hold, sent_at, length, exc, "extend", before)
             raise
         if int(renewed) != 1:  # type: ignore[call-overload]
             self._lose(runtime, hold, "extend found the lock expired or held by another owner")
@@ -1646,13 +1648,22 @@ class LockBase:
         length: float,
         exc: BaseException,
         action: str,
+        before: Snapshot,
     ) -> None:
         """An extend or a re-entry sent at ``sent_at``, setting a lease of ``length``, failed
         with ``exc`` in a way after which it may have run: count on the shorter lease if it
         was shorter, and raise what the caller must see for a server's error — the loss, if
         the lease it may have set has already ended (:class:`LockLostError`: ``remaining()``
         says 0, and another owner may hold the lock now), else a :class:`LockError`. Returns
-        for any other exception (a cancellation: the caller re-raises it)."""
+        for any other exception (a cancellation: the caller re-raises it).
+
+        No free connection (``MaxConnectionsError``) means it was never sent: the hold is put
+        back as it was ``before`` (:meth:`Hold.unsent`) — else a shorter lease nobody sent
+        was counted on, and lost while the server's lease went on."""
+        if isinstance(exc, MaxConnectionsError):
+            hold.unsent(before)
+            runtime.keeper.reschedule(hold)
+            raise await self._explain(exc, action) from exc
         _given_up(runtime, hold, sent_at, length)
         if not isinstance(exc, (RedisError, OSError)):
             return
@@ -1698,6 +1709,7 @@ class LockBase:
             length = min(length, max(0.001, hold.renew_until - sent_at))
         call = self._policy.reenter(owner, entry, to_ms(length), runtime.topology.sharded)
         undo = self._entry_undo(owner, entry, runtime.topology.sharded)
+        before = hold.snapshot()
         limit = self._setting(runtime, hold, sent_at, length)
         if deadline is not None:
             limit = min(limit, deadline)
@@ -1723,7 +1735,7 @@ class LockBase:
             # The re-entry may have run all the same (its reply late or lost, the caller
             # cancelled): its undo drops the entry, not the TTL it set, so the server's lease
             # may now be the shorter one (as in extend).
-            await self._setting_failed(runtime, hold, sent_at, length, exc, "re-enter")
+            await self._setting_failed(runtime, hold, sent_at, length, exc, "re-enter", before)
             raise
         self._check_reply(reply, "re-enter")
         if reply.status != 1:

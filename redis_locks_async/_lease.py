@@ -19,14 +19,14 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, final
 
 from . import _telemetry as telemetry
 
 if TYPE_CHECKING:
     from ._scripts import Call
 
-__all__ = ("Hold", "HoldState", "Lease", "LostCallback")
+__all__ = ("Hold", "HoldState", "Lease", "LostCallback", "Snapshot")
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -45,6 +45,15 @@ LostCallback = Callable[["Lease"], object] | Callable[["Lease"], Awaitable[objec
 
 class _LossCounter(Protocol):
     lost: int
+
+
+class Snapshot(NamedTuple):
+    """A hold's lease, end, next renewal and last judged renewal (``Hold.snapshot``)."""
+
+    lease: float
+    expires_at: float
+    renew_at: float
+    judged: tuple[float, float] | None
 
 
 @final
@@ -104,7 +113,7 @@ class Hold:
         auto_renew: bool,
         expires_at: float,
         task: asyncio.Task[Any],
-        renew: Callable[[str, float], Call],
+        renew: Callable[[str, float, bool], Call],
         on_lost: LostCallback | None,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         confirm: bool = False,
@@ -126,7 +135,7 @@ class Hold:
         # A hand-over grants a claim window only: the first renewal (the confirmation) is due now.
         self.confirm = confirm
         self.renew_at = self.loop.time() if confirm else expires_at - lease * 2 / 3
-        self.renew = renew  # (owner, lease) -> the script call that renews the lease
+        self.renew = renew  # (owner, lease, sharded) -> the script call that renews the lease
         # max_hold: no renewal may carry the lease past this loop time
         self.renew_until = renew_until
         # (sent at, lease) of the last keeper renewal that may have run on the server: a
@@ -237,6 +246,19 @@ class Hold:
             end -= self.margin(lease)
         self.expires_at = min(self.expires_at, end)
         self.renew_at = self.loop.time()
+
+    def snapshot(self) -> Snapshot:
+        """What an extend or a re-entry may change before it is sent (see :meth:`unsent`)."""
+        return Snapshot(self.lease, self.expires_at, self.renew_at, self.judged)
+
+    def unsent(self, before: Snapshot) -> None:
+        """The extend or re-entry that changed the hold since ``before`` was never sent (no
+        free connection): its lease is not the hold's. Its earlier end is forgotten too,
+        unless the keeper judged a renewal since (it may have sent the shorter lease)."""
+        self.lease = before.lease
+        if self.judged is before.judged:
+            self.expires_at = max(self.expires_at, before.expires_at)
+            self.renew_at = max(self.renew_at, before.renew_at)
 
     def may_have_set(self, sent_at: float, lease: float) -> bool:
         """A command sent at ``sent_at`` that sets the server's lease to ``lease`` may have run

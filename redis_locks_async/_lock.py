@@ -59,10 +59,8 @@ class HashLockPolicy(Policy):
             (owner, mode, entry, self.keys.channel, "1" if sharded else "0"),
         )
 
-    def renew(self, owner: str, lease: float, sharded: bool | None = None) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool) -> Call:
         """``lock_renew.lua``."""
-        if sharded is None:
-            return Call(LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease)))
         args = (owner, to_ms(lease), self.keys.channel, "1" if sharded else "0")
         return Call(LOCK_RENEW, (self.keys.name,), args)
 

@@ -19,11 +19,13 @@ dropped announcement would leave waiters sleeping until their lease-bounded time
 * :class:`Evicted` — the registrations of the process with this tag were dropped (it was taken
   for dead): if that is this process after all (it was paused), its active waiters re-check —
   and so register again;
-* :class:`Recheck` — every active waiter re-checks (sent as ``r`` when a holder made its lease
-  shorter: the waiters sleep at most until the end they were last told of, now too late).
+* :class:`Shortened` — a holder made its lease shorter: the waiters, who sleep at most until
+  the end they were last told of, learn the new one — the one that watches the holds ahead for
+  its lot (``Policy.one_watcher``), or else every active waiter;
+* :class:`Recheck` — every active waiter re-checks.
 
 Wire format: ``g:<ttl ms>:<at us>:<owner>:<token>[:<owner>:<token>...]``, ``f:<n>``,
-``x:<process tag>``, ``r``; anything else means "re-check" too.
+``x:<process tag>``, ``r`` (shortened); anything else means "re-check".
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ __all__ = (
     "News",
     "ParkingLot",
     "Recheck",
+    "Shortened",
     "Waiter",
     "decode",
 )
@@ -80,12 +83,19 @@ class Evicted:
 
 @final
 @dataclass(frozen=True, slots=True)
+class Shortened:
+    """A hold's lease was made shorter: its end is sooner than the waiters were told."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class Recheck:
     """Something changed (or an announcement was not understood): re-check."""
 
 
 RECHECK: Final = Recheck()
-Announcement = Grant | Freed | Evicted | Recheck
+SHORTENED: Final = Shortened()
+Announcement = Grant | Freed | Evicted | Shortened | Recheck
 
 
 def decode(data: bytes | str) -> Announcement:
@@ -100,6 +110,8 @@ def decode(data: bytes | str) -> Announcement:
             return Freed(max(1, int(parts[1])))
         if parts[0] == "x" and len(parts) == 2:
             return Evicted(parts[1])
+        if parts[0] == "r" and len(parts) == 1:
+            return SHORTENED
     except ValueError:
         pass
     return RECHECK
@@ -290,6 +302,12 @@ class ParkingLot:
             return mine
         if isinstance(news, Evicted):
             if news.tag != process_tag():
+                return False
+            news = RECHECK
+        if isinstance(news, Shortened):
+            watcher = self.watcher()
+            if watcher is not None:  # it watches the holds ahead for the whole lot
+                watcher.notify(News.RECHECK)
                 return False
             news = RECHECK
         count = news.n if isinstance(news, Freed) else len(self.queue)

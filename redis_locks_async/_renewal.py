@@ -304,7 +304,10 @@ class LeaseKeeper:
         sent_at = loop.time()
         topology = self._topology
         leases = [hold.lease for hold in due]
-        calls = [hold.renew(hold.owner, lease) for hold, lease in zip(due, leases, strict=True)]
+        sharded = topology.sharded
+        calls = [
+            hold.renew(hold.owner, lease, sharded) for hold, lease in zip(due, leases, strict=True)
+        ]
         self.renewal_round_trips += 1
         bound = max(_MIN_BOUND, min(hold.expires_at for hold in due) - sent_at)
         try:

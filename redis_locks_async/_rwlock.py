@@ -85,11 +85,9 @@ class _SidePolicy(Policy):
         args = (owner, self.side, mode, entry, keys.channel, "1" if sharded else "0")
         return Call(RW_RELEASE, keys.script_keys, args)
 
-    def renew(self, owner: str, lease: float, sharded: bool | None = None) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool) -> Call:
         """``rw_renew.lua``."""
-        args: tuple[str | int, ...] = (owner, self.side, to_ms(lease))
-        if sharded is not None:
-            args = (*args, self.keys.channel, "1" if sharded else "0")
+        args = (owner, self.side, to_ms(lease), self.keys.channel, "1" if sharded else "0")
         return Call(RW_RENEW, (self.keys.name,), args)
 
     async def locked(self, client: Any) -> bool:

@@ -161,6 +161,50 @@ class TestWaitingCost:
         assert len(attempts) == 5, attempts
         assert sorted(attempts.values())[:4] == [1, 1, 1, 1], attempts
 
+    async def test_a_shortened_lease_wakes_only_the_watcher(
+        self, client: aioredis.Redis, connect: Connect, name: str
+    ) -> None:
+        """Regression (attack pass on the announcement of shortened leases: "r" woke every
+        registered waiter of a process — 201 attempts for one ``extend(shorter)`` with 200
+        waiters; SPEC §4: one Redis attempt per process per wake-up). Only the waiter that
+        watches the holds ahead for its process re-checks (seen with ``MONITOR``)."""
+        conn = connect()
+        holder = FairLock(client, name, lease=30.0)
+        assert await holder.acquire()
+        done = asyncio.Event()
+        attempts: list[str] = []
+        watching = asyncio.Event()
+
+        async def monitor() -> None:
+            async with connect().monitor() as feed:
+                watching.set()
+                async for command in feed.listen():
+                    text = str(command.get("command", ""))
+                    if text.startswith(f"EVALSHA {FAIR_ACQUIRE_SHA} "):
+                        attempts.append(text)
+
+        async def wait() -> None:
+            async with FairLock(conn, name, timeout=30):
+                await done.wait()
+
+        waiters = [asyncio.create_task(wait()) for _ in range(20)]
+        spy: asyncio.Task[None] | None = None
+        try:
+            await introspect.until_registered(client, name, 20)
+            await asyncio.sleep(0.5)  # every registration's reply is in
+            spy = asyncio.create_task(monitor())
+            await asyncio.wait_for(watching.wait(), 5)
+            await holder.extend(5.0)
+            await asyncio.sleep(0.5)
+            assert len(attempts) <= 1, attempts
+        finally:
+            if spy is not None:
+                spy.cancel()
+                await asyncio.wait((spy,), timeout=5)
+            done.set()
+            await holder.release()
+            await asyncio.wait_for(asyncio.gather(*waiters), 20)
+
     async def test_a_paused_process_taken_for_dead_registers_again(
         self,
         proxied: aioredis.Redis,

@@ -32,6 +32,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from redis_locks_async import Lock, LockLostError, LockTimeout, ReadWriteLock, Semaphore
+from redis_locks_async._lock import LOCK_RENEW
+from redis_locks_async._rwlock import RW_RENEW
+from redis_locks_async._semaphore import SEM_RENEW
 from tests import _introspect as introspect
 from tests._lockworker import Primitive, make_lock
 from tests._workers import Hold, Spawn, assert_exclusive, contend, readline, worker_process
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 PRIMITIVES: Final = ("lock", "fair", "rw-write", "sem")
+_RENEWALS: Final = frozenset(script.sha for script in (LOCK_RENEW, RW_RENEW, SEM_RENEW))
 LAYOUT: Final = {"lock": "lock", "fair": "lock", "rw-write": "rw", "rw-read": "rw", "sem": "sem"}
 
 # What the README documents: auxiliary keys expire "a minute after the state they describe";
@@ -349,6 +353,47 @@ class TestEveryPrimitive:
                 with contextlib.suppress(LockLostError):
                     await holder.release()
         await settle(client)
+
+    async def test_a_shorter_lease_never_sent_is_announced_by_the_renewal(
+        self, connect: Connect, make: Make, kind: str, name: str
+    ) -> None:
+        """Regression (attack pass on the announcement of shortened leases: an
+        ``extend(shorter)`` given up on before it was sent still made the hold's lease the
+        shorter one, so the lease keeper's next renewal cut the server's lease — without a
+        word: the waiters slept until the longer lease they had seen would have ended, 3 s
+        after the holder's process died). A renewal that shortens a lease announces it too."""
+        holding, waiting = await connect(), await connect()
+        holder = make(holding, name, lease=6.0)
+        assert await holder.acquire(blocking=False)
+        waiter = HoldingTask(make(waiting, name), timeout=20)
+        real = holding.evalsha
+        stalled: list[bool] = []
+
+        async def never_sent(script: str, numkeys: int, *rest: Any) -> object:
+            if script in _RENEWALS and "1000" in map(str, rest[numkeys:]) and not stalled:
+                stalled.append(True)  # the extend: waits for a connection that never comes
+                await asyncio.sleep(3600)
+            return await real(script, numkeys, *rest)
+
+        try:
+            await until(lambda: registered(holding, name, kind), what="the waiter's registration")
+            await asyncio.sleep(0.2)  # its attempt's reply (the 6 s bound) has arrived
+            holding.evalsha = never_sent
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(holder.extend(1.0), 0.1)
+            del holding.evalsha
+            assert stalled
+            await asyncio.sleep(0.5)  # the keeper renews: 1 s from now on the server
+            loop = asyncio.get_running_loop()
+            died_at = loop.time()
+            await holding.aclose()  # the holder's process dies: no release, no renewal
+            lease = await waiter.wait_acquired(within=5.0)
+            took = loop.time() - died_at
+            assert lease is not None
+            assert took < 1.8, f"the waiter got in {took:.2f} s after the holder died"
+        finally:
+            await waiter.end()
+        await settle(waiting)
 
     @pytest.mark.parametrize("dead", [1, 3])
     async def test_waiter_sigkill_does_not_stall_the_next(

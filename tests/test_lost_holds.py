@@ -613,3 +613,25 @@ async def test_a_shorter_setting_given_up_on_may_land_late(
     lease = lock.current_lease
     assert lease is not None and not lease.lost
     await lock.release()
+
+
+async def test_an_extend_with_no_free_connection_changes_nothing(connect: Any, name: str) -> None:
+    """Regression (attack pass: ``extend(1)`` of a 6 s hold failed with "Too many connections"
+    — nothing was sent — yet the hold counted on the 1 s lease from then on; the pool still
+    busy, the keeper could not renew it, and the hold was signalled lost after 1 s while the
+    server's lease had 5 s to go). An extend that was never sent changes nothing."""
+    client = await connect(max_connections=2)
+    lock = Lock(client, name, lease=6.0)
+    assert await lock.acquire()
+    lease = lock.current_lease
+    assert lease is not None
+    busy = [asyncio.create_task(client.blpop(f"{name}:nothing", 2)) for _ in range(2)]
+    await asyncio.sleep(0.2)  # both connections wait in BLPOP
+    with pytest.raises(LockError, match=r"(?i)connections"):
+        await lock.extend(1.0)
+    assert lease.lease == 6.0
+    await asyncio.gather(*busy)
+    await asyncio.sleep(0.5)
+    assert not lease.lost
+    assert lease.remaining() > 3.0
+    await lock.release()

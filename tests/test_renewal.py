@@ -146,7 +146,7 @@ async def _old_renewal_crossing_next(
 
     async def renewal_crossing() -> None:
         await fault_proxy.wait_held()
-        assert await hold.renew(hold.owner, old).run(client) == 1
+        assert await hold.renew(hold.owner, old, False).run(client) == 1
         introspect.judge_renewal(proxied, lease, 1)
         fault_proxy.release_replies()
 

@@ -4,8 +4,8 @@
 -- KEYS[1]  the lock HASH (see rw_acquire.lua)
 -- ARGV[1]  owner id that holds the side; ARGV[2] side "r" or "w"
 -- ARGV[3]  new lease in milliseconds, counted from now (> 0)
--- ARGV[4]  the lock's channel: a hold made shorter than it was is announced there ("r":
---          re-check), see prelude.lua, announce_if_shorter
+-- ARGV[4]  optional: the lock's channel — a hold made shorter than it was is announced there
+--          ("r": re-check), see prelude.lua, announce_if_shorter
 -- ARGV[5]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
 -- returns  1  renewed
 --          0  ARGV[1] does not hold that side any more: the lease is lost

@@ -3,8 +3,8 @@
 --
 -- KEYS[1]  holders ZSET; KEYS[2] meta HASH                 -- as in sem_acquire.lua
 -- ARGV[1]  owner id holding the permit; ARGV[2] new lease in milliseconds from now (> 0)
--- ARGV[3]  the semaphore's channel: a permit made shorter than it was is announced there
---          ("r": re-check), see prelude.lua, announce_if_shorter
+-- ARGV[3]  optional: the semaphore's channel — a permit made shorter than it was is announced
+--          there ("r": re-check), see prelude.lua, announce_if_shorter
 -- ARGV[4]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
 -- returns  1 renewed, 0 ARGV[1] holds no permit any more (its lease ended): lost
 -- Idempotent. Keeps the semaphore's keys alive as long as the lease.

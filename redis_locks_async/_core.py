@@ -254,11 +254,13 @@ class Policy(ABC):
         """Release in ``mode`` (class docstring)."""
 
     @abstractmethod
-    def renew(self, owner: str, lease: float, sharded: bool) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
         """Renew ``owner``'s lease to ``lease`` seconds (pipelined by the lease keeper; also
-        ``extend()``); a lease made shorter than it was is announced as :meth:`reenter`
-        does — whoever sends it: an ``extend(shorter)``, or the keeper renewing a hold whose
-        shorter setting was given up on before it was sent."""
+        ``extend()``). With ``sharded`` given, a lease made shorter than it was is announced
+        as :meth:`reenter` does: ``extend()`` always gives it; the keeper only while the hold
+        was made shorter without an announcement known to have run (``Hold.shortened``: a
+        shorter setting given up on, perhaps before it was sent) — the keeper's other
+        renewals never shorten a lease, and 10,000 of them per tick stay lean."""
 
     @abstractmethod
     async def locked(self, client: Any) -> bool:
@@ -450,6 +452,8 @@ def _renewed_by(
     answer, took it for an ordinary renewal. Count on the earlier of the two ends, and have
     the keeper renew with the new length at once."""
     hold.renewed(sent_at, length)
+    if hold.shortened == sent_at:
+        hold.shortened = 0.0  # the command announced it
     if hold.judged is not judged and hold.judged is not None and hold.judged[1] != length:
         hold.crossed(*hold.judged)
     runtime.keeper.reschedule(hold)
@@ -1615,6 +1619,7 @@ class LockBase:
         the lease it sets (a later answer could not be told from a lease that ended)."""
         if length < hold.lease:
             hold.lease = length
+            hold.shortened = sent_at  # until a command that announces it is known to have run
         _maybe_shortened(runtime, hold, sent_at, length)
         return sent_at + length - self._policy.margin(length)
 

@@ -389,7 +389,7 @@ class FanOut:
         value = state.value if state is not None else None
         if state is None or value is None:
             return [-1, 0, 0, 0] if role == "reenter" else 0
-        # renew: (owner, lease ms, channel, sharded); reenter: (owner, entry, lease ms, ...)
+        # renew: (owner, lease ms[, channel, sharded]); reenter: (owner, entry, lease ms, ...)
         lease_ms = args[1] if role == "renew" else args[2]
         state.lengthen(lease_ms)
         lease = int(lease_ms) / 1000
@@ -683,7 +683,7 @@ class FanOut:
         renewals: list[tuple[EncodableArg, ...]] = []  # (name, the round's value, lease ms, …)
         bound = 0.0  # each master's pipeline waits as long as its most patient hold allows
         for i, (sha, keys_and_args) in enumerate(calls):
-            # renew: (name, owner, lease ms, channel, sharded)
+            # renew: (name, owner, lease ms[, channel, sharded])
             state = self._owners.get(str(keys_and_args[1]))
             if sha == LOCK_RENEW.sha and state is not None and state.value is not None:
                 live.append(i)

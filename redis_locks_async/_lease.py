@@ -95,6 +95,7 @@ class Hold:
         "renew_at",
         "renew_until",
         "replicas",
+        "shortened",
         "spawn",
         "state",
         "task",
@@ -113,7 +114,7 @@ class Hold:
         auto_renew: bool,
         expires_at: float,
         task: asyncio.Task[Any],
-        renew: Callable[[str, float, bool], Call],
+        renew: Callable[[str, float, bool | None], Call],
         on_lost: LostCallback | None,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         confirm: bool = False,
@@ -141,6 +142,10 @@ class Hold:
         # (sent at, lease) of the last keeper renewal that may have run on the server: a
         # command changing the lease compares it before and after its round trip.
         self.judged: tuple[float, float] | None = None
+        # Loop time of a shorter lease set without an announcement known to have run (an
+        # extend or a re-entry in flight or given up on): the keeper's renewals announce a
+        # shortening until one of them is confirmed (0.0: none).
+        self.shortened = 0.0
         # (sent at, lease) of the latest command whose setting of the lease was confirmed.
         self.confirmed: tuple[float, float] | None = None
         # The shortest lease a command given up on (unanswered, failed, cancelled) may still

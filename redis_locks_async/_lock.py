@@ -59,8 +59,10 @@ class HashLockPolicy(Policy):
             (owner, mode, entry, self.keys.channel, "1" if sharded else "0"),
         )
 
-    def renew(self, owner: str, lease: float, sharded: bool) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
         """``lock_renew.lua``."""
+        if sharded is None:
+            return Call(LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease)))
         args = (owner, to_ms(lease), self.keys.channel, "1" if sharded else "0")
         return Call(LOCK_RENEW, (self.keys.name,), args)
 

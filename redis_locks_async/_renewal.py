@@ -304,9 +304,12 @@ class LeaseKeeper:
         sent_at = loop.time()
         topology = self._topology
         leases = [hold.lease for hold in due]
+        # A hold made shorter without a word (Hold.shortened) has its renewal announce it.
         sharded = topology.sharded
+        marks = [hold.shortened for hold in due]
         calls = [
-            hold.renew(hold.owner, lease, sharded) for hold, lease in zip(due, leases, strict=True)
+            hold.renew(hold.owner, lease, sharded if mark else None)
+            for hold, lease, mark in zip(due, leases, marks, strict=True)
         ]
         self.renewal_round_trips += 1
         bound = max(_MIN_BOUND, min(hold.expires_at for hold in due) - sent_at)
@@ -321,10 +324,14 @@ class LeaseKeeper:
         now = loop.time()
         failed = False
         reload: dict[str, str] = {}
-        for hold, lease, (script, _, _), result in zip(due, leases, calls, results, strict=True):
+        for hold, lease, mark, (script, _, _), result in zip(
+            due, leases, marks, calls, results, strict=True
+        ):
             if isinstance(result, NoScriptError):
                 reload[script.sha] = script.source
             failed = self.judge(hold, result, sent_at, now, lease) or failed
+            if mark and hold.shortened == mark and not isinstance(result, BaseException):
+                hold.shortened = 0.0  # its renewal (which announces a shortening) has run
         self._failures = self._failures + 1 if failed else 0
         for hold in due:
             if hold.live:

@@ -85,8 +85,10 @@ class _SidePolicy(Policy):
         args = (owner, self.side, mode, entry, keys.channel, "1" if sharded else "0")
         return Call(RW_RELEASE, keys.script_keys, args)
 
-    def renew(self, owner: str, lease: float, sharded: bool) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
         """``rw_renew.lua``."""
+        if sharded is None:
+            return Call(RW_RENEW, (self.keys.name,), (owner, self.side, to_ms(lease)))
         args = (owner, self.side, to_ms(lease), self.keys.channel, "1" if sharded else "0")
         return Call(RW_RENEW, (self.keys.name,), args)
 

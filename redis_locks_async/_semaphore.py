@@ -90,9 +90,11 @@ class SemaphorePolicy(Policy):
         args = (owner, mode, entry, keys.channel, "1" if sharded else "0", self.permits)
         return Call(SEM_RELEASE, keys.script_keys, args)
 
-    def renew(self, owner: str, lease: float, sharded: bool) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
         """``sem_renew.lua``."""
         keys = (self.keys.name, self.keys.meta)
+        if sharded is None:
+            return Call(SEM_RENEW, keys, (owner, to_ms(lease)))
         return Call(SEM_RENEW, keys, (owner, to_ms(lease), self.keys.channel, int(sharded)))
 
     async def locked(self, client: Any) -> bool:

@@ -146,7 +146,7 @@ class PermitPolicy(Policy):
         args = (owner, mode, entry, self.keys.channel, "1" if sharded else "0")
         return Call(_RELEASE, self.keys.script_keys, args)
 
-    def renew(self, owner: str, lease: float, sharded: bool) -> Call:
+    def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
         return Call(_RENEW, (self.keys.name,), (owner, to_ms(lease)))
 
     async def locked(self, client: Any) -> bool:

@@ -561,7 +561,9 @@ class TestCancellation:
         await finish(release, 2.0, "the holder's release")
         fault_proxy.release_replies()  # the handover announcement comes too late to matter
 
-        assert await waiter.wait_acquired() is None
+        # Either outcome must be real (no ghost): the waiter gave up and its give-up passed the
+        # lock on (the usual case), or — about one run in ten on a loaded machine — the grant
+        # reached it before its deadline and it holds the lock, as the server says.
         await _check_outcome(waiter, client, name, proxied)
 
     @pytest.mark.parametrize("offset_ms", [-6, -3, -1, 0, 1, 2, 4, 8])

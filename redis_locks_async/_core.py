@@ -1441,7 +1441,8 @@ class LockBase:
         self, runtime: Runtime, hub: Hub, lot: ParkingLot, waiter: Waiter, *, create: bool
     ) -> tuple[Hub, ParkingLot]:
         """The hub and lot ``waiter`` waits in from now on. Unchanged unless ``hub`` gave the
-        lock's channel up (a cluster slot migration: the channel lives on another node now).
+        lock's channel up (a cluster slot migration, or a failover: another node serves the
+        channel now).
         Then the lot moves to the hub of the channel's node — as found by another waiter of
         the lot, or (``create``: only just after an attempt, which made the client learn where
         the slot lives) by subscribing the channel there; if that node already has a lot for

@@ -305,6 +305,24 @@ async def test_redis_py_resetting_its_slot_map_is_not_a_close(
     await holder.release()
 
 
+def _primary_and_replica(
+    nodes: list[ServerProcess], client: RedisCluster, name: str
+) -> tuple[ServerProcess, ServerProcess]:
+    """The primary that serves ``name`` and its replica (``running_cluster`` starts the
+    replicas after the primaries, round-robin)."""
+    served_by = client.get_node_from_key(name)
+    assert served_by is not None
+    index = [node.port for node in nodes].index(int(served_by.port))
+    return nodes[index], nodes[index + len(nodes) // 2]
+
+
+async def _promoted(replica: ServerProcess, started: float) -> None:
+    """Wait until ``replica`` is a primary (at most 30 s after ``started``, monotonic)."""
+    while "role:master" not in _admin(replica, "INFO", "replication"):
+        assert time.monotonic() - started < 30, "the replica was not promoted"
+        await asyncio.sleep(0.1)
+
+
 async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
     server_binary: Path,
 ) -> None:
@@ -320,19 +338,14 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
         await client.initialize()
         try:
             name = "{failover}:orders"
-            served_by = client.get_node_from_key(name)
-            assert served_by is not None
-            index = [node.port for node in nodes].index(int(served_by.port))
-            primary, replica = nodes[index], nodes[index + 3]  # round-robin: its replica
+            primary, replica = _primary_and_replica(nodes, client, name)
             lost: list[object] = []
             lock = Lock(client, name, lease=8.0, on_lost=lost.append)
             assert await lock.acquire(blocking=False)
             started = time.monotonic()
             await asyncio.sleep(0.3)  # replicated
             primary.kill()
-            while "role:master" not in _admin(replica, "INFO", "replication"):
-                assert time.monotonic() - started < 30, "the replica was not promoted"
-                await asyncio.sleep(0.1)
+            await _promoted(replica, started)
             await asyncio.sleep(max(0.0, started + 8.0 + 2.0 - time.monotonic()))  # past a lease
             lease = lock.current_lease
             assert not lost and lease is not None and not lease.lost
@@ -362,10 +375,7 @@ async def test_waiters_follow_their_lock_to_a_promoted_replica(server_binary: Pa
         await waiting.initialize()
         try:
             name = "{failover}:follow"
-            served_by = holding.get_node_from_key(name)
-            assert served_by is not None
-            index = [node.port for node in nodes].index(int(served_by.port))
-            primary, replica = nodes[index], nodes[index + 3]  # round-robin: its replica
+            primary, replica = _primary_and_replica(nodes, holding, name)
             lock = Lock(holding, name, lease=30.0)
             assert await lock.acquire(blocking=False)
             waiter = asyncio.create_task(_hold_briefly(Lock(waiting, name), timeout=60))
@@ -374,9 +384,7 @@ async def test_waiters_follow_their_lock_to_a_promoted_replica(server_binary: Pa
             primary.kill()
             with contextlib.suppress(RedisError, RedisClusterException):
                 await waiting.exists(name, "elsewhere")  # a pipeline, reset by the dead node
-            while "role:master" not in _admin(replica, "INFO", "replication"):
-                assert time.monotonic() - started < 30, "the replica was not promoted"
-                await asyncio.sleep(0.1)
+            await _promoted(replica, started)
             while True:  # the holder's client finds the lock on the new primary
                 with contextlib.suppress(RedisError, RedisClusterException, LockError):
                     if await lock.locked():

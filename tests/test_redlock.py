@@ -281,21 +281,8 @@ class TestQuorum:
         holder = RedLock(clients(n), name, lease=10.0)
         waiter = RedLock(clients(n), name, lease=10.0)
         await holder.acquire()
-        loop = asyncio.get_running_loop()
-
-        async def wait() -> float:
-            assert await waiter.acquire(timeout=8)
-            got_at = loop.time()
-            await waiter.release()
-            return got_at
-
-        task = asyncio.create_task(wait())
-        await asyncio.sleep(0.3)  # the waiter subscribed and found it held
-        assert not task.done()
-        released_at = loop.time()
-        await holder.release()
-        got_at = await asyncio.wait_for(task, 5)
-        assert got_at - released_at < 1.5  # woken by an announcement, not the 10 s expiry
+        took = await _waiter_gets_it_after(waiter, holder.release, timeout=8, within=5)
+        assert took < 1.5  # woken by an announcement, not the 10 s expiry
         await settle(holder)
         await settle(waiter)
 
@@ -308,25 +295,36 @@ class TestQuorum:
         holder = RedLock(clients(n), name, lease=30.0, auto_renew=False)
         waiter = RedLock(clients(n), name, lease=10.0)
         assert await holder.acquire(blocking=False)
-        loop = asyncio.get_running_loop()
-
-        async def wait() -> float:
-            assert await waiter.acquire(timeout=15)
-            got_at = loop.time()
-            await waiter.release()
-            return got_at
-
-        task = asyncio.create_task(wait())
-        await asyncio.sleep(0.3)  # the waiter subscribed and found it held
-        assert not task.done()
-        shortened_at = loop.time()
-        await holder.extend(1.0)
-        got_at = await asyncio.wait_for(task, 10)
-        assert got_at - shortened_at < 2.0
+        took = await _waiter_gets_it_after(
+            waiter, lambda: holder.extend(1.0), timeout=15, within=10
+        )
+        assert took < 2.0
         with contextlib.suppress(LockLostError):
             await holder.release()
         await settle(holder)
         await settle(waiter)
+
+
+async def _waiter_gets_it_after(
+    waiter: RedLock, action: Callable[[], Awaitable[None]], *, timeout: float, within: float
+) -> float:
+    """Start ``waiter``'s acquire (timeout ``timeout``), let it find the lock held, then run
+    ``action`` (the holder's); seconds from the action's start until the waiter got the lock
+    (it releases it at once; its task must end within ``within`` s of the action)."""
+    loop = asyncio.get_running_loop()
+
+    async def wait() -> float:
+        assert await waiter.acquire(timeout=timeout)
+        got_at = loop.time()
+        await waiter.release()
+        return got_at
+
+    task = asyncio.create_task(wait())
+    await asyncio.sleep(0.3)  # the waiter subscribed and found it held
+    assert not task.done()
+    started = loop.time()
+    await action()
+    return await asyncio.wait_for(task, within) - started
 
 
 # --------------------------------------------------------------------------------------------

@@ -1084,27 +1084,31 @@ class LockBase:
         runtime: Runtime,
         call: Call,
         undo: Callable[[], Awaitable[object]] | None,
+        bound: float | None = None,
+        patience: float | None = None,
     ) -> object:
         """Run ``call`` in the caller's task (the hot path: no job task) and return its raw
-        reply; ``undo`` is sent in the background if the caller is cancelled or the command
-        fails in a way after which it may still have run. An undo is fenced on the server, so
-        it is safe whenever it lands. An exhausted connection pool is waited out.
+        reply; ``undo`` is sent in the background if the caller is cancelled, loop time
+        ``bound`` passes first (:class:`_Expired`; the command is dropped with its
+        connection), or the command fails in a way after which it may still have run. An
+        undo is fenced on the server, so it is safe whenever it lands. An exhausted
+        connection pool is waited out until loop time ``patience``.
 
         On Python 3.11, redis-py's use of ``asyncio.wait_for`` can swallow a cancellation that
         lands as the reply arrives; ``Task.cancelling()`` shows it, and it is raised here.
         """
         if not _DIRECT:
             return await self._pool_patient(
-                lambda: self._call(runtime, call.run(self._redis), undo, None), None
+                lambda: self._call(runtime, call.run(self._redis), undo, bound), patience
             )
         task = asyncio.current_task()
         before = _cancelling(task)
         try:
             try:
-                reply = await call.run(self._redis)
+                reply = await self._sent(call, bound)
             except MaxConnectionsError:
-                reply = await self._pool_patient(lambda: call.run(self._redis), None)
-        except asyncio.CancelledError:
+                reply = await self._pool_patient(lambda: self._sent(call, bound), patience)
+        except (asyncio.CancelledError, _Expired):
             if undo is not None:
                 self._undo(runtime, undo)
             raise
@@ -1126,6 +1130,19 @@ class LockBase:
                 self._undo(runtime, undo)
             raise asyncio.CancelledError()
         return reply
+
+    async def _sent(self, call: Call, bound: float | None) -> object:
+        """``call``'s reply; :class:`_Expired` once loop time ``bound`` passes (Python ≥ 3.11)."""
+        if bound is None:
+            return await call.run(self._redis)
+        scope = asyncio.timeout_at(bound)  # type: ignore[attr-defined]
+        try:
+            async with scope:
+                return await call.run(self._redis)
+        except TimeoutError:
+            if scope.expired():
+                raise _Expired() from None
+            raise
 
     async def _explain(self, exc: BaseException, action: str) -> LockError:
         """``exc`` (from redis-py) as a :class:`LockError` that names the lock, and the key
@@ -1243,12 +1260,7 @@ class LockBase:
             try:
                 call = self._attempt_call(runtime, owner, False, task)
                 undo = self._abandon(owner)
-                if bound is None:
-                    raw = await self._direct(runtime, call, undo)
-                else:
-                    raw = await self._pool_patient(
-                        lambda: self._call(runtime, call.run(self._redis), undo, bound), deadline
-                    )
+                raw = await self._direct(runtime, call, undo, bound, deadline)
                 reply = Reply(*ints(raw, 4))
             except _Expired:
                 if timeout == 0:

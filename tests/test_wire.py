@@ -1,0 +1,188 @@
+"""The script calls' short way to the server (``_wire``): which clients take it, and that it
+keeps redis-py's contract — retries, dropped connections, encodings, fallbacks — on a real
+server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from redis_locks_async import Lock, LockError
+from redis_locks_async._wire import fast_pool
+
+from .conftest import Connect
+from .faultproxy import FaultProxy
+
+_EVALSHA_SEEN: list[object] = []
+
+
+class _Counting(aioredis.Redis):
+    """A plain client that notes the ``EVALSHA`` calls made through redis-py's own path."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args and str(args[0]).upper() == "EVALSHA":
+            _EVALSHA_SEEN.append(self)
+        return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+
+
+async def _cycle(lock: Lock, times: int = 3) -> None:
+    for _ in range(times):
+        async with lock:
+            pass
+
+
+async def test_a_plain_client_takes_the_short_way(connect: Connect, name: str) -> None:
+    """Acquire, release and re-entry reach the server without redis-py's command path (its
+    ``execute_command`` never sees them), on one pooled connection."""
+    client = connect()
+    assert fast_pool(client) is not None
+    seen: list[object] = []
+    real = aioredis.Redis.execute_command
+
+    async def spy(self: aioredis.Redis, *args: Any, **options: Any) -> Any:
+        seen.append(args[0])
+        return await real(self, *args, **options)  # type: ignore[no-untyped-call]
+
+    lock = Lock(client, name, auto_renew=False)
+    await _cycle(lock, 1)  # the first call opens the pool's connection through redis-py
+    pool: Any = client.connection_pool
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(aioredis.Redis, "execute_command", spy)
+        assert fast_pool(client) is None  # wrapped: redis-py's way, seen by the wrapper
+        await _cycle(lock, 1)
+        assert "EVALSHA" in seen
+    seen.clear()
+    await _cycle(lock)
+    async with lock, lock:
+        pass
+    assert seen == []
+    assert len(pool._available_connections) == 1
+    assert not pool._in_use_connections
+
+
+@pytest.mark.parametrize("kind", ["subclass", "instance", "single_connection", "blocking_pool"])
+async def test_other_clients_take_redis_pys_way(redis_url: str, name: str, kind: str) -> None:
+    """A client whose commands are observed (a subclass overriding ``execute_command``, an
+    ``evalsha`` replaced on the instance), a single-connection client and a pool of another
+    class keep redis-py's own path — and work."""
+    _EVALSHA_SEEN.clear()
+    client: aioredis.Redis
+    if kind == "single_connection":
+        client = _Counting.from_url(redis_url, single_connection_client=True)
+    elif kind == "blocking_pool":
+        pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=4)
+        client = _Counting(connection_pool=pool)
+    else:
+        client = _Counting.from_url(redis_url)
+    if kind == "instance":
+        real = aioredis.Redis.evalsha
+
+        async def counted(*args: Any) -> Any:
+            _EVALSHA_SEEN.append(client)
+            return await real(client, *args)
+
+        client.evalsha = counted  # type: ignore[method-assign,assignment]
+    try:
+        lock = Lock(client, name, auto_renew=False)
+        await _cycle(lock)
+        assert _EVALSHA_SEEN.count(client) >= 6
+        assert not await lock.locked()
+    finally:
+        await client.aclose()
+        if kind == "blocking_pool":
+            await client.connection_pool.disconnect()
+
+
+async def _kill_pool_connections(client: aioredis.Redis, killer: aioredis.Redis) -> int:
+    pool: Any = client.connection_pool
+    ids = [await _client_id(conn) for conn in pool._available_connections]
+    for client_id in ids:
+        await killer.client_kill_filter(_id=str(client_id))
+    return len(ids)
+
+
+async def _client_id(conn: Any) -> int:
+    await conn.send_command("CLIENT", "ID")
+    return int(await conn.read_response())
+
+
+async def test_a_connection_the_server_dropped_is_retried(
+    connect: Connect, client: aioredis.Redis, name: str
+) -> None:
+    """An idle pooled connection the server closed (``CLIENT KILL``, an idle ``timeout``)
+    fails the first send; the client's ``Retry`` reconnects and the call succeeds, as through
+    redis-py."""
+    user = connect(retry=Retry(NoBackoff(), 2))
+    lock = Lock(user, name, auto_renew=False)
+    await _cycle(lock, 1)
+    assert await _kill_pool_connections(user, client) == 1
+    async with lock as lease:
+        assert lease.fencing_token > 0
+    assert not await lock.locked()
+
+
+async def test_without_retries_a_dropped_connection_fails_cleanly(
+    connect: Connect, client: aioredis.Redis, name: str
+) -> None:
+    """A client configured without retries sees the dropped connection as an error (a
+    :class:`LockError` naming the lock, no hidden retry) — and the next call reconnects."""
+    user = connect(retry=Retry(NoBackoff(), 0))
+    lock = Lock(user, name, auto_renew=False)
+    await _cycle(lock, 1)
+    assert await _kill_pool_connections(user, client) == 1
+    with pytest.raises(LockError, match=name):
+        await lock.acquire()
+    await _cycle(lock, 1)
+    assert not await lock.locked()
+
+
+async def test_a_cancelled_call_leaves_no_reply_behind(
+    proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
+) -> None:
+    """Cancelled while its reply is owed, the call drops its connection: the next command on
+    that client reads its own reply, never the acquire's."""
+    lock = Lock(proxied, name, auto_renew=False)
+    fault_proxy.hold_replies()
+    task = asyncio.create_task(_cycle(lock, 1))
+    await fault_proxy.wait_held()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    fault_proxy.release_replies()
+    await proxied.set(f"{name}:probe", "x")
+    for _ in range(5):
+        assert await proxied.get(f"{name}:probe") == b"x"
+    # The undo sent in the background frees what the cancelled acquire took.
+    for _ in range(100):
+        if not await lock.locked():
+            break
+        await asyncio.sleep(0.02)
+    assert not await lock.locked()
+
+
+@pytest.mark.parametrize(
+    ("options", "lock_name"),
+    [
+        ({"encoding": "latin-1"}, "café:ÿ"),
+        ({"decode_responses": True}, "naïve:lock"),
+    ],
+)
+async def test_keys_and_replies_as_the_client_encodes_them(
+    connect: Connect, redis_url: str, name: str, options: dict[str, Any], lock_name: str
+) -> None:
+    """Strings go out in the client's ``encoding`` (the lock's key is the one redis-py would
+    name), and a client that decodes replies gets the same lock."""
+    user = connect(**options)
+    full = f"{name}:{lock_name}"
+    lock = Lock(user, full)
+    async with lock as lease:
+        assert lease.fencing_token > 0
+        assert await user.exists(full) == 1
+        raw = connect()
+        assert await raw.exists(full.encode(options.get("encoding", "utf-8"))) == 1
+    assert not await lock.locked()

@@ -28,7 +28,7 @@ from typing import Any, Final, NamedTuple, Protocol, final
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
-from ._wire import MISS, fast_pool, run_script
+from ._wire import fast_pool, run_script
 
 __all__ = (
     "Call",
@@ -119,9 +119,7 @@ class Script:
         try:
             fast = fast_pool(client)
             if fast is not None:
-                reply = await run_script(fast, fast.pack(self.sha, tuple(keys), args))
-                if reply is not MISS:
-                    return reply
+                return await run_script(fast, self.sha, tuple(keys), args)
             return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
         except NoScriptError:
             return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[misc]

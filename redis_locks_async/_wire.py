@@ -21,25 +21,34 @@ On the uncontended acquire + release that is about a fifth of the cycle (``bench
 What it leaves out, and why that is safe here: the write is not awaited (the command is a few
 hundred bytes; the read that follows is bounded by ``socket_timeout``, so a server that stops
 reading fails it like one that stops answering), and a connection is not probed for unread data
-before use (redis-py drops a connection whenever a reply may be left unread).
+before use (redis-py drops a connection whenever a reply may be left unread). A connection class
+of the application's that overrides how commands are packed, sent or read (a meter, a tracer) is
+used through those methods, so it sees every command.
 
-Anything else takes redis-py's way, unchanged: a cluster or Sentinel client, a pipeline, a
-single-connection client, a custom pool or connection class, credentials providers, a pool with
-no idle connection (redis-py opens one, or raises ``MaxConnectionsError``), or a redis-py whose
-internals do not look as expected. :func:`fast_pool` makes that decision once per pool.
+Anything else takes redis-py's way, unchanged: a client whose ``execute_command`` or
+``evalsha`` is wrapped or overridden (tracing instrumentation, a subclass, a patch), redis-py's
+own metrics turned on, a cluster or Sentinel client, a pipeline, a single-connection client, a
+pool of another class than ``ConnectionPool`` and ``BlockingConnectionPool``, a credential
+provider, or a redis-py whose internals do not look as expected. And where the pool has no idle
+connection, or tasks queue for one (a ``BlockingConnectionPool``'s keep their turn), the
+connection comes from the pool's own ``get_connection()`` (redis-py opens one, waits for one, or
+raises ``MaxConnectionsError``) and goes back through its ``release()``.
+:func:`fast_pool` decides on every call (what depends only on the pool, once per pool).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, Final, final
 
 import redis
 from redis.asyncio.client import Pipeline, Redis
 from redis.asyncio.connection import (
+    BlockingConnectionPool,
     Connection,
     ConnectionPool,
     SSLConnection,
@@ -52,71 +61,13 @@ try:
 except ImportError:  # pragma: no cover - redis-py without its own metrics
     _recorder = None  # type: ignore[assignment]
 
-__all__ = ("MISS", "FastPool", "fast_pool", "run_script")
-
-MISS: Final = object()
-"""What :func:`run_script` returns when it did not send the command (use redis-py's way)."""
+__all__ = ("FastPool", "fast_pool", "run_script")
 
 _PLAIN_CONNECTIONS: Final = (Connection, SSLConnection, UnixDomainSocketConnection)
+
+Keys = tuple[str | bytes, ...]
+Args = Sequence[str | int | float | bytes]
 _HEADS_MAX: Final = 4096  # cached command heads per pool (one per script and lock, typically)
-
-
-@final
-class FastPool:
-    """A pool :func:`run_script` may use, with its clients' string encoding and the packed
-    heads (``EVALSHA sha numkeys keys…``) of the script calls sent through it."""
-
-    __slots__ = ("encoding", "errors", "heads", "pool")
-
-    def __init__(self, pool: ConnectionPool) -> None:
-        kwargs = pool.connection_kwargs
-        self.pool = pool
-        self.encoding: str = kwargs.get("encoding", "utf-8")
-        self.errors: str = kwargs.get("encoding_errors", "strict")
-        self.heads: dict[tuple[str, tuple[str | bytes, ...]], bytes] = {}
-
-    def pack(
-        self, sha: str, keys: tuple[str | bytes, ...], args: Sequence[str | int | float | bytes]
-    ) -> bytes:
-        """``EVALSHA sha len(keys) *keys *args`` as one RESP command, strings encoded as the
-        pool's clients encode them."""
-        head = self.heads.get((sha, keys))
-        if head is None:
-            if len(self.heads) >= _HEADS_MAX:
-                self.heads.clear()
-            head = self.heads[(sha, keys)] = self._bulk(("EVALSHA", sha, len(keys), *keys))
-        return b"*%d\r\n%b%b" % (3 + len(keys) + len(args), head, self._bulk(args))
-
-    def _bulk(self, parts: Sequence[str | int | float | bytes]) -> bytes:
-        out = []
-        for part in parts:
-            if isinstance(part, bytes):
-                data = part
-            elif isinstance(part, str):
-                data = part.encode(self.encoding, self.errors)
-            elif isinstance(part, bool):  # redis-py refuses it too
-                raise TypeError(f"cannot send a bool to Redis: {part!r}")
-            else:
-                data = repr(part).encode()
-            out.append(b"$%d\r\n%b\r\n" % (len(data), data))
-        return b"".join(out)
-
-
-_POOLS: weakref.WeakKeyDictionary[ConnectionPool, FastPool | None] = weakref.WeakKeyDictionary()
-
-
-def _qualifies(pool: ConnectionPool) -> bool:
-    kwargs = getattr(pool, "connection_kwargs", None)
-    return (
-        type(pool) is ConnectionPool
-        and pool.connection_class in _PLAIN_CONNECTIONS
-        and isinstance(getattr(pool, "_available_connections", None), list)
-        and isinstance(getattr(pool, "_in_use_connections", None), set)
-        and hasattr(pool, "_lock")
-        and isinstance(kwargs, dict)
-        and kwargs.get("credential_provider") is None
-        and kwargs.get("redis_connect_func") is None
-    )
 
 
 _REDIS_PACKAGE: Final = os.path.dirname(redis.__file__) + os.sep
@@ -137,6 +88,73 @@ def _redis_own(method: object) -> bool:
         if len(_OWN) < 64:
             _OWN[method] = known
     return known
+
+
+@final
+class FastPool:
+    """A pool :func:`run_script` may use, with its clients' string encoding and the packed
+    heads (``EVALSHA sha numkeys keys…``) of the script calls sent through it."""
+
+    __slots__ = ("condition", "encoding", "errors", "heads", "pool", "raw")
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        kwargs = pool.connection_kwargs
+        self.pool = pool
+        # A BlockingConnectionPool's tasks waiting for a connection, told when one comes back.
+        self.condition: asyncio.Condition | None = getattr(pool, "_condition", None)
+        # A connection class that overrides how commands are packed, sent or read (a meter, a
+        # tracer at connection level) is used through those methods; only redis-py's own is
+        # written to directly.
+        self.raw = all(
+            _redis_own(getattr(pool.connection_class, method, None))
+            for method in ("pack_command", "send_packed_command", "read_response")
+        )
+        self.encoding: str = kwargs.get("encoding", "utf-8")
+        self.errors: str = kwargs.get("encoding_errors", "strict")
+        self.heads: dict[tuple[str, tuple[str | bytes, ...]], bytes] = {}
+
+    def pack(self, sha: str, keys: Keys, args: Args) -> bytes:
+        """``EVALSHA sha len(keys) *keys *args`` as one RESP command, strings encoded as the
+        pool's clients encode them."""
+        head = self.heads.get((sha, keys))
+        if head is None:
+            if len(self.heads) >= _HEADS_MAX:
+                self.heads.clear()
+            head = self.heads[(sha, keys)] = self._bulk(("EVALSHA", sha, len(keys), *keys))
+        return b"*%d\r\n%b%b" % (3 + len(keys) + len(args), head, self._bulk(args))
+
+    def _bulk(self, parts: Args) -> bytes:
+        out = []
+        for part in parts:
+            if isinstance(part, bytes):
+                data = part
+            elif isinstance(part, str):
+                data = part.encode(self.encoding, self.errors)
+            elif isinstance(part, bool):  # redis-py refuses it too
+                raise TypeError(f"cannot send a bool to Redis: {part!r}")
+            else:
+                data = repr(part).encode()
+            out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+        return b"".join(out)
+
+
+_POOLS: weakref.WeakKeyDictionary[ConnectionPool, FastPool | None] = weakref.WeakKeyDictionary()
+
+
+def _qualifies(pool: ConnectionPool) -> bool:
+    kwargs = getattr(pool, "connection_kwargs", None)
+    blocking = type(pool) is BlockingConnectionPool
+    return (
+        (type(pool) is ConnectionPool or blocking)
+        and (not blocking or isinstance(getattr(pool, "_condition", None), asyncio.Condition))
+        and issubclass(pool.connection_class, _PLAIN_CONNECTIONS)
+        and isinstance(getattr(pool, "_available_connections", None), list)
+        and isinstance(getattr(pool, "_in_use_connections", None), set)
+        and hasattr(pool, "_lock")
+        and isinstance(kwargs, dict)
+        and kwargs.get("credential_provider") is None
+        and kwargs.get("redis_connect_func") is None
+    )
 
 
 def _metrics_on() -> bool:
@@ -168,42 +186,83 @@ def fast_pool(client: object) -> FastPool | None:
         return fast
 
 
-async def _exchange(conn: Any, packed: bytes) -> object:
+async def _exchange(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args) -> object:
     if not conn.is_connected:
         await conn.connect()
     elif conn.health_check_interval:
         await conn.check_health()
-    writer = conn._writer
-    try:
-        writer.write(packed)
-    except (OSError, RuntimeError) as exc:
-        await conn.disconnect(nowait=True)
-        raise RedisConnectionError(f"Error while writing to socket: {exc!r}") from exc
+    if fast.raw:
+        try:
+            conn._writer.write(fast.pack(sha, keys, args))
+        except (OSError, RuntimeError) as exc:
+            await conn.disconnect(nowait=True)
+            raise RedisConnectionError(f"Error while writing to socket: {exc!r}") from exc
+    else:
+        packed = conn.pack_command("EVALSHA", sha, len(keys), *keys, *args)
+        await conn.send_packed_command(packed, check_health=False)
     return await conn.read_response()
 
 
-async def run_script(fast: FastPool, packed: bytes) -> object:
-    """Send ``packed`` on an idle connection of ``pool`` and return the parsed reply (errors as
-    redis-py raises them), or :data:`MISS` without sending anything when no connection is
-    idle or the pool is busy with its own bookkeeping."""
-    pool = fast.pool
-    if pool._lock.locked():
-        return MISS
+async def run_script(fast: FastPool, sha: str, keys: Keys, args: Args) -> object:
+    """``EVALSHA sha len(keys) *keys *args`` on a connection of ``fast``'s pool: the parsed
+    reply, errors as redis-py raises them (``MaxConnectionsError`` included: nothing was sent).
+
+    An idle connection is taken straight from the pool while nothing else is going on there;
+    otherwise (none idle, tasks queued for one, the pool busy with its own bookkeeping) the
+    pool's own ``get_connection()`` and ``release()`` take their course."""
+    conn = _idle(fast)
+    if conn is None:
+        pool: Any = fast.pool
+        conn = await pool.get_connection()
+        try:
+            return await _sent(conn, fast, sha, keys, args)
+        finally:
+            await pool.release(conn)
+    try:
+        return await _sent(conn, fast, sha, keys, args)
+    finally:
+        await _put_back(fast, conn)
+
+
+def _sent(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args) -> Awaitable[object]:
+    return conn.retry.call_with_retry(  # type: ignore[no-any-return]
+        lambda: _exchange(conn, fast, sha, keys, args), lambda _error: conn.disconnect()
+    )
+
+
+def _idle(fast: FastPool) -> Any:
+    """An idle connection of the pool, marked in use; ``None`` unless the pool is quiet."""
+    pool: Any = fast.pool
+    condition: Any = fast.condition
+    if pool._lock.locked() or getattr(pool, "_in_maintenance", False):
+        return None
+    if condition is not None and (condition.locked() or condition._waiters):
+        return None  # tasks queue for a connection: take a turn behind them
     available: list[Any] = pool._available_connections
     if not available:
-        return MISS
+        return None
     conn = available.pop()
+    pool._in_use_connections.add(conn)
+    return conn
+
+
+async def _put_back(fast: FastPool, conn: Any) -> None:
+    pool: Any = fast.pool
     in_use: set[Any] = pool._in_use_connections
-    in_use.add(conn)
+    if conn not in in_use:  # the pool was reset meanwhile: the connection is no longer its own
+        await conn.disconnect()
+        return
+    in_use.discard(conn)
+    condition = fast.condition
     try:
-        return await conn.retry.call_with_retry(
-            lambda: _exchange(conn, packed), lambda _error: conn.disconnect()
-        )
-    finally:
-        if conn in in_use:
-            in_use.discard(conn)
-            if conn.should_reconnect():
-                await conn.disconnect()
-            pool._available_connections.append(conn)
-        else:  # the pool was reset meanwhile: the connection is no longer its own
+        if conn.should_reconnect():
             await conn.disconnect()
+    finally:
+        pool._available_connections.append(conn)
+        if condition is not None and condition._waiters:
+            await _notify(condition)
+
+
+async def _notify(condition: asyncio.Condition) -> None:
+    async with condition:
+        condition.notify()

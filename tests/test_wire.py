@@ -17,6 +17,7 @@ from redis_locks_async._wire import fast_pool
 
 from .conftest import Connect
 from .faultproxy import FaultProxy
+from .test_lock_faults import until
 
 _EVALSHA_SEEN: list[object] = []
 
@@ -65,18 +66,15 @@ async def test_a_plain_client_takes_the_short_way(connect: Connect, name: str) -
     assert not pool._in_use_connections
 
 
-@pytest.mark.parametrize("kind", ["subclass", "instance", "single_connection", "blocking_pool"])
+@pytest.mark.parametrize("kind", ["subclass", "instance", "single_connection"])
 async def test_other_clients_take_redis_pys_way(redis_url: str, name: str, kind: str) -> None:
     """A client whose commands are observed (a subclass overriding ``execute_command``, an
-    ``evalsha`` replaced on the instance), a single-connection client and a pool of another
-    class keep redis-py's own path — and work."""
+    ``evalsha`` replaced on the instance) and a single-connection client keep redis-py's own
+    path — and work."""
     _EVALSHA_SEEN.clear()
     client: aioredis.Redis
     if kind == "single_connection":
         client = _Counting.from_url(redis_url, single_connection_client=True)
-    elif kind == "blocking_pool":
-        pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=4)
-        client = _Counting(connection_pool=pool)
     else:
         client = _Counting.from_url(redis_url)
     if kind == "instance":
@@ -94,8 +92,67 @@ async def test_other_clients_take_redis_pys_way(redis_url: str, name: str, kind:
         assert not await lock.locked()
     finally:
         await client.aclose()
-        if kind == "blocking_pool":
-            await client.connection_pool.disconnect()
+
+
+async def test_a_connection_class_that_observes_commands_sees_them(
+    redis_url: str, name: str
+) -> None:
+    """A connection class of the application's that overrides how commands are packed and sent
+    (a meter, a tracer at connection level) sees every script call: the short way goes through
+    its methods."""
+    sent: list[bytes] = []
+
+    class Observed(aioredis.Connection):
+        def pack_command(self, *args: Any) -> list[bytes]:
+            sent.append(str(args[0]).encode())
+            return super().pack_command(*args)
+
+    client = aioredis.Redis.from_url(redis_url, connection_class=Observed)
+    try:
+        lock = Lock(client, name, auto_renew=False)
+        await _cycle(lock)
+        fast = fast_pool(client)
+        assert fast is not None and not fast.raw
+        assert sent.count(b"EVALSHA") >= 6
+        assert not await lock.locked()
+    finally:
+        await client.aclose()
+
+
+async def test_a_blocking_pool_keeps_its_queue(redis_url: str, name: str) -> None:
+    """On a ``BlockingConnectionPool`` the short way takes an idle connection only while no
+    task queues for one, and wakes a queued task when it gives its connection back: 60 tasks
+    cycling 5 locks over 2 connections all finish, one holder per lock at a time, and no
+    connection is left taken."""
+    pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=2, timeout=20)
+    client = aioredis.Redis(connection_pool=pool)
+    holding: dict[int, int] = {}
+    most = 0
+
+    async def worker(index: int) -> None:
+        nonlocal most
+        lock = Lock(client, f"{name}:{index % 5}", auto_renew=False)
+        for _ in range(10):
+            async with lock:
+                holding[index % 5] = holding.get(index % 5, 0) + 1
+                most = max(most, holding[index % 5])
+                await asyncio.sleep(0)
+                holding[index % 5] -= 1
+
+    try:
+        await _cycle(Lock(client, name, auto_renew=False), 1)
+        assert fast_pool(client) is not None
+        await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(60))), 60)
+        assert most == 1
+        internals: Any = pool
+        # At most the waiters' pub/sub connection (lingering a moment) stays in use, once the
+        # lease keeper has confirmed the last hand-over.
+        await until(lambda: len(internals._in_use_connections) <= 1, what="connections back")
+        assert len(internals._available_connections) + len(internals._in_use_connections) <= 2
+        assert not internals._condition._waiters
+    finally:
+        await client.aclose()
+        await pool.disconnect()
 
 
 async def _kill_pool_connections(client: aioredis.Redis, killer: aioredis.Redis) -> int:

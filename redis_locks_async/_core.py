@@ -796,7 +796,7 @@ class LockBase:
                 if not isinstance(renewed, NoScriptError):
                     break
                 await asyncio.wait_for(
-                    runtime.topology.client.script_load(call.script.source), RELEASE_PATIENCE
+                    runtime.topology.client.script_load(call.script.code), RELEASE_PATIENCE
                 )
             if _cancelling(current) > before:
                 raise asyncio.CancelledError()  # swallowed by redis-py on its way out

@@ -768,7 +768,7 @@ async def _pipelined(
 
     replies = await send()
     if any(isinstance(r, NoScriptError) for r in replies):
-        await master.script_load(script.source)
+        await master.script_load(script.code)
         replies = await send()
     return replies
 

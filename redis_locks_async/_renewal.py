@@ -323,12 +323,12 @@ class LeaseKeeper:
             results = [exc] * len(calls)
         now = loop.time()
         failed = False
-        reload: dict[str, str] = {}
+        reload: dict[str, bytes] = {}
         for hold, lease, mark, (script, _, _), result in zip(
             due, leases, marks, calls, results, strict=True
         ):
             if isinstance(result, NoScriptError):
-                reload[script.sha] = script.source
+                reload[script.sha] = script.code
             failed = self.judge(hold, result, sent_at, now, lease) or failed
             if mark and hold.shortened == mark and not isinstance(result, BaseException):
                 hold.shortened = 0.0  # its renewal (which announces a shortening) has run

@@ -101,13 +101,15 @@ class Script:
     The body is read from ``lua/<filename>`` unless ``source`` is given.
     """
 
-    __slots__ = ("filename", "sha", "source")
+    __slots__ = ("code", "filename", "sha", "source")
 
     def __init__(self, filename: str, source: str | None = None) -> None:
         self.filename = filename
         body = _read_source(filename) if source is None else source
         self.source = with_prelude(body)
-        self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
+        # Sent as UTF-8 bytes whatever the client's encoding (the comments are not ASCII).
+        self.code = self.source.encode("utf-8")
+        self.sha = hashlib.sha1(self.code).hexdigest()
 
     async def run(
         self, client: ScriptClient, keys: Sequence[str | bytes], args: Sequence[EncodableArg]
@@ -122,7 +124,7 @@ class Script:
                 return await run_script(fast, self.sha, tuple(keys), args)
             return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
         except NoScriptError:
-            return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[misc]
+            return await client.eval(self.code, len(keys), *keys, *args)  # type: ignore[misc,arg-type]
 
     def __repr__(self) -> str:
         return f"<Script {self.filename} {self.sha[:8]}>"

@@ -188,7 +188,10 @@ def fast_pool(client: object) -> FastPool | None:
 
 async def _exchange(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args) -> object:
     if not conn.is_connected:
-        await conn.connect()
+        # One connection attempt per attempt of the command: the command's Retry is the one
+        # that retries (connect() would nest the connection's own Retry inside it: 11 x 10
+        # attempts against a server that is down, where redis-py makes 10).
+        await conn.connect_check_health(check_health=True, retry_socket_connect=False)
     elif conn.health_check_interval:
         await conn.check_health()
     if fast.raw:

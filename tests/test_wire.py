@@ -5,6 +5,7 @@ server."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from redis_locks_async._wire import fast_pool
 
 from .conftest import Connect
 from .faultproxy import FaultProxy
+from .servers import ServerFactory
 from .test_lock_faults import until
 
 _EVALSHA_SEEN: list[object] = []
@@ -192,10 +194,48 @@ async def test_without_retries_a_dropped_connection_fails_cleanly(
     lock = Lock(user, name, auto_renew=False)
     await _cycle(lock, 1)
     assert await _kill_pool_connections(user, client) == 1
-    with pytest.raises(LockError, match=name):
+    with pytest.raises(LockError, match=re.escape(name)):
         await lock.acquire()
     await _cycle(lock, 1)
     assert not await lock.locked()
+
+
+@pytest.mark.parametrize("timeout", [None, 8.0])
+async def test_a_server_that_died_is_given_up_on_like_redis_py_does(
+    server_factory: ServerFactory, name: str, timeout: float | None
+) -> None:
+    """Regression (attack pass on the short way: the server died while the pool's connection
+    was idle; each of the command's retries ran a connect() with the connection's own Retry
+    inside — 11 x 10 attempts, 44 s, where redis-py makes 10 — and ``acquire(timeout=8)``
+    returned False, the dead server passed off as a busy lock). One connection attempt per
+    retry: the call fails with an error naming the lock, in the time redis-py takes."""
+    server = server_factory()
+    client = aioredis.Redis(host=server.host, port=server.port, retry=Retry(NoBackoff(), 3))
+    try:
+        lock = Lock(client, name, auto_renew=False)
+        await _cycle(lock, 1)
+        assert fast_pool(client) is not None
+        pool: Any = client.connection_pool
+        (idle,) = pool._available_connections
+        attempts = 0
+        real = idle._connect
+
+        async def counted() -> None:
+            nonlocal attempts
+            attempts += 1
+            await real()
+
+        idle._connect = counted
+        server.kill()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(LockError, match=re.escape(name)):
+            await lock.acquire(timeout=timeout)
+        assert attempts <= 4  # redis-py: 1 + 3 retries
+        assert loop.time() - started < 3.0
+        assert not pool._in_use_connections
+    finally:
+        await client.aclose()
 
 
 async def test_a_cancelled_call_leaves_no_reply_behind(
@@ -237,6 +277,10 @@ async def test_keys_and_replies_as_the_client_encodes_them(
     user = connect(**options)
     full = f"{name}:{lock_name}"
     lock = Lock(user, full)
+    # Regression (attack pass): with a latin-1 client the scripts' EVAL fallback (a server
+    # without them) failed with a raw UnicodeEncodeError — their comments are not ASCII. They
+    # are sent as UTF-8 bytes whatever the client's encoding.
+    await user.script_flush()
     async with lock as lease:
         assert lease.fencing_token > 0
         assert await user.exists(full) == 1

@@ -63,6 +63,16 @@ PING_TIMEOUT: Final = 2.0  # seconds a ping may go unanswered before the connect
 _READ_SLICE: Final = 1.0  # the listener wakes at least this often to check the connection
 _SEND_TIMEOUT: Final = 3.0  # seconds a (re)subscription may take to be sent
 _TIMEOUT_CM: Final = sys.version_info >= (3, 11)  # asyncio.timeout() exists
+# What a pub/sub connection's failure looks like. redis-py also raises AttributeError ("'NoneType'
+# object has no attribute 'writelines'") when the connection is torn down under a read or write
+# (``pool.disconnect()``, a cluster client's slot-map reset): the listener must survive that too.
+_CONNECTION_TROUBLE: Final = (
+    RedisError,
+    OSError,
+    RuntimeError,
+    asyncio.TimeoutError,
+    AttributeError,
+)
 _LINGER: Final = 2.0  # seconds a channel stays subscribed after its last local waiter left
 _RECONNECT_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _PING_TEXT: Final = "redis-locks-async"
@@ -306,7 +316,7 @@ class SubscriptionHub:
             self._asked(channels)
             try:
                 await asyncio.wait_for(getattr(pubsub, command)(*channels), _SEND_TIMEOUT)
-            except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+            except _CONNECTION_TROUBLE as exc:
                 logger.info("pub/sub %s failed: %r", command, exc)
                 if generation == self._generation:
                     await self._reset(f"{command} failed: {exc!r}")
@@ -432,7 +442,7 @@ class SubscriptionHub:
             if pubsub is None:
                 try:
                     await self._connect()
-                except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                except _CONNECTION_TROUBLE as exc:
                     await self._relocate()
                     delay = _RECONNECT_BACKOFF[min(failures, len(_RECONNECT_BACKOFF) - 1)]
                     failures += 1
@@ -443,7 +453,7 @@ class SubscriptionHub:
                 continue
             try:
                 message = await _read(pubsub)
-            except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+            except _CONNECTION_TROUBLE as exc:
                 if isinstance(exc, AskError) and self._sharded:
                     self._moved(exc.slot_id)
                 elif isinstance(exc, ResponseError):
@@ -476,7 +486,7 @@ class SubscriptionHub:
                 ping_sent = now
                 try:
                     await asyncio.wait_for(pubsub.ping(_PING_TEXT), _SEND_TIMEOUT)
-                except (RedisError, OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                except _CONNECTION_TROUBLE as exc:
                     await self._reset(f"PING failed: {exc!r}")
         self._listener = None
 

@@ -68,8 +68,6 @@ _PLAIN_CONNECTIONS: Final = (Connection, SSLConnection, UnixDomainSocketConnecti
 Keys = tuple[str | bytes, ...]
 Args = Sequence[str | int | float | bytes]
 _HEADS_MAX: Final = 4096  # cached command heads per pool (one per script and lock, typically)
-
-
 _REDIS_PACKAGE: Final = os.path.dirname(redis.__file__) + os.sep
 _OWN: dict[Any, bool] = {}  # a command method -> it is redis-py's own (not a wrapper)
 
@@ -120,7 +118,8 @@ class FastPool:
         if head is None:
             if len(self.heads) >= _HEADS_MAX:
                 self.heads.clear()
-            head = self.heads[(sha, keys)] = self._bulk(("EVALSHA", sha, len(keys), *keys))
+            command = (b"EVALSHA", sha.encode("ascii"), len(keys), *keys)  # ASCII, as redis-py
+            head = self.heads[(sha, keys)] = self._bulk(command)
         return b"*%d\r\n%b%b" % (3 + len(keys) + len(args), head, self._bulk(args))
 
     def _bulk(self, parts: Args) -> bytes:

@@ -181,6 +181,12 @@ def task_leases(client: Client) -> list[tuple[asyncio.Task[Any], Lease]]:
     return found
 
 
+def hubs(client: Client) -> list[Any]:
+    """The subscription hubs of ``client``'s runtime (one per node)."""
+    state = _state(client)
+    return [] if state is None else list(state.hubs())
+
+
 def local_waiters(client: Client) -> int:
     """Tasks waiting (queued locally) for any lock of ``client``."""
     state = _state(client)

@@ -682,6 +682,39 @@ class TestPubSubKilled:
         await settle(waiting)
         assert not await client.exists(name)
 
+    async def test_a_broken_read_does_not_end_the_listener(
+        self, client: aioredis.Redis, holder: aioredis.Redis, connect: Connect, name: str
+    ) -> None:
+        """Regression (attack pass on the short way: ``pool.disconnect()`` under a waiting
+        client made redis-py's pub/sub read fail with ``AttributeError: 'NoneType' object has no
+        attribute 'writelines'``, which ended the listener task: the waiters heard no release
+        and slept until their fallback bound — the holder's lease). The listener takes it for a
+        broken connection, reconnects, and the waiters proceed at the release."""
+        waiting = connect()
+        held = await take(holder, name)
+        workers = await _three_waiters(waiting, client, name)
+        (hub,) = introspect.hubs(waiting)
+        pubsub = hub._pubsub
+        assert pubsub is not None
+        real = pubsub.get_message
+        broken: list[bool] = []
+
+        async def torn_down(*args: Any, **kwargs: Any) -> Any:
+            if not broken:
+                broken.append(True)
+                raise AttributeError("'NoneType' object has no attribute 'writelines'")
+            return await real(*args, **kwargs)
+
+        pubsub.get_message = torn_down
+        await until(lambda: bool(broken), what="the broken read")
+        await until(lambda: subscribers(client, name), what="the re-subscription")
+        loop = asyncio.get_running_loop()
+        released = loop.time()
+        await held.release()
+        await _all_proceed(workers, within=1.0)
+        assert loop.time() - released < 1.0
+        await settle(waiting)
+
     async def test_release_while_pubsub_down_is_not_missed(
         self,
         proxied: aioredis.Redis,

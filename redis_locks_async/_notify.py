@@ -63,16 +63,13 @@ PING_TIMEOUT: Final = 2.0  # seconds a ping may go unanswered before the connect
 _READ_SLICE: Final = 1.0  # the listener wakes at least this often to check the connection
 _SEND_TIMEOUT: Final = 3.0  # seconds a (re)subscription may take to be sent
 _TIMEOUT_CM: Final = sys.version_info >= (3, 11)  # asyncio.timeout() exists
-# What a pub/sub connection's failure looks like. redis-py also raises AttributeError ("'NoneType'
-# object has no attribute 'writelines'") when the connection is torn down under a read or write
-# (``pool.disconnect()``, a cluster client's slot-map reset): the listener must survive that too.
-_CONNECTION_TROUBLE: Final = (
-    RedisError,
-    OSError,
-    RuntimeError,
-    asyncio.TimeoutError,
-    AttributeError,
-)
+# What a pub/sub connection's failure looks like: anything a redis-py call on it raises. Besides
+# its own errors, redis-py lets asyncio's raw ones through when the connection is torn down
+# under a read or write (``pool.disconnect()``, a cluster client's slot-map reset):
+# AttributeError ("'NoneType' object has no attribute 'writelines'") on Python <= 3.12,
+# TypeError ("'NoneType' object is not callable") on 3.13. The listener must survive them all:
+# once it ends, nothing restarts it while the channels' waiters stay.
+_CONNECTION_TROUBLE: Final = (Exception,)
 _LINGER: Final = 2.0  # seconds a channel stays subscribed after its last local waiter left
 _RECONNECT_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _PING_TEXT: Final = "redis-locks-async"

@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol, final
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
@@ -119,12 +120,17 @@ class Script:
         On a plain ``redis.asyncio.Redis`` client the ``EVALSHA`` takes the short way
         (:mod:`._wire`)."""
         try:
-            fast = fast_pool(client)
-            if fast is not None:
-                return await run_script(fast, self.sha, tuple(keys), args)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
-        except NoScriptError:
-            return await client.eval(self.code, len(keys), *keys, *args)  # type: ignore[misc,arg-type]
+            try:
+                fast = fast_pool(client)
+                if fast is not None:
+                    return await run_script(fast, self.sha, tuple(keys), args)
+                return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
+            except NoScriptError:
+                return await client.eval(self.code, len(keys), *keys, *args)  # type: ignore[misc,arg-type]
+        except (AttributeError, TypeError) as exc:
+            # redis-py lets asyncio's raw errors through when a connection is torn down under
+            # a call (pool.disconnect() meanwhile): a connection error for the callers.
+            raise RedisConnectionError(f"the connection failed under the call: {exc!r}") from exc
 
     def __repr__(self) -> str:
         return f"<Script {self.filename} {self.sha[:8]}>"

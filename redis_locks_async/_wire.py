@@ -193,16 +193,19 @@ async def _exchange(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args)
         await conn.connect_check_health(check_health=True, retry_socket_connect=False)
     elif conn.health_check_interval:
         await conn.check_health()
-    if fast.raw:
-        try:
-            conn._writer.write(fast.pack(sha, keys, args))
-        except (OSError, RuntimeError) as exc:
-            await conn.disconnect(nowait=True)
-            raise RedisConnectionError(f"Error while writing to socket: {exc!r}") from exc
-    else:
-        packed = conn.pack_command("EVALSHA", sha, len(keys), *keys, *args)
-        await conn.send_packed_command(packed, check_health=False)
-    return await conn.read_response()
+    packed = fast.pack(sha, keys, args) if fast.raw else None
+    try:
+        if packed is not None:
+            conn._writer.write(packed)
+        else:
+            command = conn.pack_command("EVALSHA", sha, len(keys), *keys, *args)
+            await conn.send_packed_command(command, check_health=False)
+        return await conn.read_response()
+    except (OSError, RuntimeError, AttributeError, TypeError) as exc:
+        # A transport torn down under the call (pool.disconnect(); asyncio then raises
+        # AttributeError or, on 3.13, TypeError): a connection error, retried like one.
+        await conn.disconnect(nowait=True)
+        raise RedisConnectionError(f"the connection failed under the call: {exc!r}") from exc
 
 
 async def run_script(fast: FastPool, sha: str, keys: Keys, args: Args) -> object:

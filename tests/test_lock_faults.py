@@ -682,14 +682,30 @@ class TestPubSubKilled:
         await settle(waiting)
         assert not await client.exists(name)
 
+    @pytest.mark.parametrize(
+        "error",
+        [
+            AttributeError("'NoneType' object has no attribute 'writelines'"),
+            TypeError("'NoneType' object is not callable"),
+        ],
+        ids=["AttributeError", "TypeError"],
+    )
     async def test_a_broken_read_does_not_end_the_listener(
-        self, client: aioredis.Redis, holder: aioredis.Redis, connect: Connect, name: str
+        self,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        connect: Connect,
+        name: str,
+        error: Exception,
     ) -> None:
-        """Regression (attack pass on the short way: ``pool.disconnect()`` under a waiting
-        client made redis-py's pub/sub read fail with ``AttributeError: 'NoneType' object has no
-        attribute 'writelines'``, which ended the listener task: the waiters heard no release
-        and slept until their fallback bound — the holder's lease). The listener takes it for a
-        broken connection, reconnects, and the waiters proceed at the release."""
+        """Regression (attack passes on the short way: ``pool.disconnect()`` under a waiting
+        client made redis-py's pub/sub read fail with asyncio's raw error for a torn-down
+        transport — ``AttributeError: 'NoneType' object has no attribute 'writelines'``, and
+        on Python 3.13 ``TypeError: 'NoneType' object is not callable`` — which ended the
+        listener task: the waiters heard no release and slept until their fallback bound, or
+        for ever while one waited for a subscription nothing would confirm). The listener
+        takes any error of a pub/sub call for a broken connection, reconnects, and the
+        waiters proceed at the release."""
         waiting = connect()
         held = await take(holder, name)
         workers = await _three_waiters(waiting, client, name)
@@ -702,7 +718,7 @@ class TestPubSubKilled:
         async def torn_down(*args: Any, **kwargs: Any) -> Any:
             if not broken:
                 broken.append(True)
-                raise AttributeError("'NoneType' object has no attribute 'writelines'")
+                raise error
             return await real(*args, **kwargs)
 
         pubsub.get_message = torn_down

@@ -238,6 +238,44 @@ async def test_a_server_that_died_is_given_up_on_like_redis_py_does(
         await client.aclose()
 
 
+class _TornWriter:
+    """A transport writer torn down under the call, as asyncio leaves it after
+    ``pool.disconnect()`` (3.13's form of the error)."""
+
+    def write(self, data: bytes) -> None:
+        raise TypeError("'NoneType' object is not callable")
+
+    def close(self) -> None:
+        pass
+
+    async def wait_closed(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+async def test_a_connection_torn_down_under_the_call_is_a_connection_error(
+    connect: Connect, name: str, retries: int
+) -> None:
+    """Regression (attack pass on the short way: under ``pool.disconnect()``, asyncio's raw
+    ``AttributeError``/``TypeError`` for a torn-down transport escaped ``acquire()`` and
+    ``release()`` — not a ``LockError``, not retried, nothing undone). It is a connection
+    error: retried by the client's ``Retry``, else a :class:`LockError` naming the lock."""
+    user = connect(retry=Retry(NoBackoff(), retries))
+    lock = Lock(user, name, auto_renew=False)
+    await _cycle(lock, 1)
+    pool: Any = user.connection_pool
+    (idle,) = pool._available_connections
+    idle._writer.close()  # what pool.disconnect() does, the writer left behind half-way
+    idle._writer = _TornWriter()
+    if retries:
+        await _cycle(lock, 1)
+    else:
+        with pytest.raises(LockError, match=re.escape(name)):
+            await lock.acquire()
+        await _cycle(lock, 1)
+    assert not await lock.locked()
+
+
 async def test_a_cancelled_call_leaves_no_reply_behind(
     proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
 ) -> None:

@@ -18,6 +18,7 @@ to the original.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Coroutine, Sequence
@@ -25,11 +26,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol, final
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
-from ._wire import fast_pool, run_script
+from ._wire import TORN_DOWN, connection_failed, fast_pool, run_script
 
 __all__ = (
     "Call",
@@ -67,23 +67,24 @@ _DEFINITION: Final = re.compile(r"^local (?:function )?([A-Za-z_]\w*)", re.MULTI
 _COMMENT: Final = re.compile(r"--[^\n]*")  # (no string literal of the scripts holds "--")
 
 
-def _prelude_parts(prelude: str) -> tuple[str, dict[str, str]]:
-    """The prelude's header (its comments) and its top-level definitions, name -> text, in
-    their order (each runs to the next one)."""
+@functools.cache
+def _prelude_parts(prelude: str) -> tuple[str, dict[str, str], re.Pattern[str] | None]:
+    """The prelude's header (its comments), its top-level definitions (name -> text, in their
+    order; each runs to the next one), and a pattern that finds their names — parsed once."""
     starts = list(_DEFINITION.finditer(prelude))
     header = prelude[: starts[0].start()] if starts else prelude
     parts = {}
     for here, after in zip(starts, [*starts[1:], None], strict=True):
         parts[here.group(1)] = prelude[here.start() : None if after is None else after.start()]
-    return header, parts
+    names = re.compile(r"\b(" + "|".join(map(re.escape, parts)) + r")\b") if parts else None
+    return header, parts, names
 
 
 def with_prelude(body: str, prelude: str = PRELUDE) -> str:
     """``body`` preceded by the prelude's definitions it uses, directly or through another
     one, in the prelude's order: a script does not pay, on every call, for defining the
     functions it never calls (about 3 µs per call for the whole prelude, Redis 7.0)."""
-    header, parts = _prelude_parts(prelude)
-    names = re.compile(r"\b(" + "|".join(map(re.escape, parts)) + r")\b") if parts else None
+    header, parts, names = _prelude_parts(prelude)
     needed: set[str] = set()
     todo = [body]
     while todo and names is not None:
@@ -127,10 +128,10 @@ class Script:
                 return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
             except NoScriptError:
                 return await client.eval(self.code, len(keys), *keys, *args)  # type: ignore[misc,arg-type]
-        except (AttributeError, TypeError) as exc:
-            # redis-py lets asyncio's raw errors through when a connection is torn down under
-            # a call (pool.disconnect() meanwhile): a connection error for the callers.
-            raise RedisConnectionError(f"the connection failed under the call: {exc!r}") from exc
+        except TORN_DOWN as exc:
+            # redis-py's own path lets these through too (a connection torn down under a call
+            # by pool.disconnect() meanwhile): a connection error for the callers.
+            raise connection_failed(exc) from exc
 
     def __repr__(self) -> str:
         return f"<Script {self.filename} {self.sha[:8]}>"

@@ -61,7 +61,11 @@ try:
 except ImportError:  # pragma: no cover - redis-py without its own metrics
     _recorder = None  # type: ignore[assignment]
 
-__all__ = ("FastPool", "fast_pool", "run_script")
+__all__ = ("TORN_DOWN", "FastPool", "connection_failed", "fast_pool", "run_script")
+
+TORN_DOWN: Final = (AttributeError, TypeError)
+"""What asyncio raises for a transport torn down under a read or write (``pool.disconnect()``
+meanwhile; ``TypeError`` on Python 3.13), and redis-py lets through: a connection failure."""
 
 _PLAIN_CONNECTIONS: Final = (Connection, SSLConnection, UnixDomainSocketConnection)
 
@@ -201,11 +205,15 @@ async def _exchange(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args)
             command = conn.pack_command("EVALSHA", sha, len(keys), *keys, *args)
             await conn.send_packed_command(command, check_health=False)
         return await conn.read_response()
-    except (OSError, RuntimeError, AttributeError, TypeError) as exc:
-        # A transport torn down under the call (pool.disconnect(); asyncio then raises
-        # AttributeError or, on 3.13, TypeError): a connection error, retried like one.
+    except (OSError, RuntimeError, *TORN_DOWN) as exc:
+        # A transport torn down under the call: a connection error, retried like one.
         await conn.disconnect(nowait=True)
-        raise RedisConnectionError(f"the connection failed under the call: {exc!r}") from exc
+        raise connection_failed(exc) from exc
+
+
+def connection_failed(exc: BaseException) -> RedisConnectionError:
+    """The connection error that stands for ``exc`` (raise it ``from exc``)."""
+    return RedisConnectionError(f"the connection failed under the call: {exc!r}")
 
 
 async def run_script(fast: FastPool, sha: str, keys: Keys, args: Args) -> object:

@@ -664,6 +664,25 @@ async def _three_waiters(
     return workers
 
 
+async def _released_once_resubscribed(
+    client: aioredis.Redis,
+    waiting: aioredis.Redis,
+    held: Lock,
+    workers: list[HoldingTask],
+    name: str,
+) -> None:
+    """Once the waiters' process is subscribed again, release ``held``: every waiter proceeds
+    within 1 s, and nothing is left held or waiting."""
+    await until(lambda: subscribers(client, name), what="the re-subscription")
+    loop = asyncio.get_running_loop()
+    released = loop.time()
+    await held.release()
+    await _all_proceed(workers, within=1.0)
+    assert loop.time() - released < 1.0
+    await settle(waiting)
+    assert not await client.exists(name)
+
+
 class TestPubSubKilled:
     async def test_waiters_proceed_after_pubsub_kill(
         self, client: aioredis.Redis, holder: aioredis.Redis, connect: Connect, name: str
@@ -673,14 +692,7 @@ class TestPubSubKilled:
         workers = await _three_waiters(waiting, client, name)
 
         assert await kill_pubsub(client) == 1
-        await until(lambda: subscribers(client, name), what="the re-subscription")
-        loop = asyncio.get_running_loop()
-        reconnected = loop.time()
-        await held.release()
-        await _all_proceed(workers, within=1.0)
-        assert loop.time() - reconnected < 1.0
-        await settle(waiting)
-        assert not await client.exists(name)
+        await _released_once_resubscribed(client, waiting, held, workers, name)
 
     @pytest.mark.parametrize(
         "error",
@@ -723,13 +735,7 @@ class TestPubSubKilled:
 
         pubsub.get_message = torn_down
         await until(lambda: bool(broken), what="the broken read")
-        await until(lambda: subscribers(client, name), what="the re-subscription")
-        loop = asyncio.get_running_loop()
-        released = loop.time()
-        await held.release()
-        await _all_proceed(workers, within=1.0)
-        assert loop.time() - released < 1.0
-        await settle(waiting)
+        await _released_once_resubscribed(client, waiting, held, workers, name)
 
     async def test_release_while_pubsub_down_is_not_missed(
         self,

@@ -273,7 +273,16 @@ async def _put_back(fast: FastPool, conn: Any) -> None:
     finally:
         pool._available_connections.append(conn)
         if condition is not None and condition._waiters:
-            await _notify(condition)
+            # The notification is owed whatever happens to the caller: cancelled while it
+            # waits for the condition's lock, it would leave a queued task asleep beside an
+            # idle connection until the pool's timeout. So it runs in a task of its own.
+            notify = asyncio.ensure_future(_notify(condition))
+            _NOTIFYING.add(notify)
+            notify.add_done_callback(_NOTIFYING.discard)
+            await asyncio.shield(notify)
+
+
+_NOTIFYING: set[asyncio.Future[None]] = set()  # notifications under way (kept referenced)
 
 
 async def _notify(condition: asyncio.Condition) -> None:

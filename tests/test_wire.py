@@ -14,7 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from redis_locks_async import Lock, LockError
-from redis_locks_async._wire import fast_pool
+from redis_locks_async._wire import fast_pool, run_script
 
 from .conftest import Connect
 from .faultproxy import FaultProxy
@@ -325,3 +325,41 @@ async def test_keys_and_replies_as_the_client_encodes_them(
         raw = connect()
         assert await raw.exists(full.encode(options.get("encoding", "utf-8"))) == 1
     assert not await lock.locked()
+
+
+async def test_a_cancelled_give_back_still_wakes_a_queued_task(
+    redis_url: str, name: str
+) -> None:
+    """Bug: a script call that gave its connection back to a ``BlockingConnectionPool`` and was
+    cancelled while waiting for the pool's condition (to tell a queued task) never told it:
+    the queued task slept beside the idle connection until the pool's timeout (20 s here)."""
+    pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=20)
+    client = aioredis.Redis(connection_pool=pool)
+    admin = aioredis.Redis.from_url(redis_url)
+    internals: Any = pool
+    condition: asyncio.Condition = internals._condition
+    try:
+        await _cycle(Lock(client, name, auto_renew=False), 1)  # one connection, idle
+        sha = await client.script_load("return 1")
+        fast = fast_pool(client)
+        assert fast is not None
+        await admin.execute_command("CLIENT", "PAUSE", "400", "ALL")  # the call waits...
+        # A bare script call: a lock's call, cancelled, would send an undo, whose own turn
+        # at the pool would wake the queued task and hide the bug.
+        holder = asyncio.ensure_future(run_script(fast, sha, (), ()))
+        await until(lambda: not internals._available_connections, what="connection taken")
+        queued = asyncio.ensure_future(client.ping())  # ...while a task queues for the pool
+        await until(lambda: bool(condition._waiters), what="a task queued")
+        await condition.acquire()  # the give-back will have to wait for the condition
+        try:
+            lock_waiters: Any = condition._lock
+            await until(lambda: bool(lock_waiters._waiters), what="the give-back waiting")
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+        finally:
+            condition.release()
+        assert await asyncio.wait_for(queued, 2) is True  # not after the pool's 20 s
+    finally:
+        await client.aclose()
+        await pool.disconnect()
+        await admin.aclose()

@@ -327,9 +327,7 @@ async def test_keys_and_replies_as_the_client_encodes_them(
     assert not await lock.locked()
 
 
-async def test_a_cancelled_give_back_still_wakes_a_queued_task(
-    redis_url: str, name: str
-) -> None:
+async def test_a_cancelled_give_back_still_wakes_a_queued_task(redis_url: str, name: str) -> None:
     """Bug: a script call that gave its connection back to a ``BlockingConnectionPool`` and was
     cancelled while waiting for the pool's condition (to tell a queued task) never told it:
     the queued task slept beside the idle connection until the pool's timeout (20 s here)."""

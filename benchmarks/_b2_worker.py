@@ -11,9 +11,12 @@ barge in). That note travels after the measurement, never on the critical path; 
 go to the parent after the run. ``time.monotonic_ns`` is CLOCK_MONOTONIC on Linux, one clock
 for every process of the machine (the parent checks this before trusting cross-process
 differences). For the floor, the pub/sub hop and ours (``Lock`` and ``FairLock``, the same code
-with the class the peer key names) the client's connections also
-record when each request's write began and when each reply or message was read
-(``_metering``), so the parent can split a handoff into its hops. With ``RunSpec.cluster`` (B7)
+with the class the peer key names) a run with ``RunSpec.traced`` also has the client's
+connections record when each request's write began and when each reply or message was read
+(``_metering``), so the parent can split a handoff into its hops. Tracing is not free, and it
+is not the same tax on every peer (a connection class that overrides how commands are sent
+and read takes our script calls off their short way, ``_wire``): the latencies the parent
+reports come from runs without it. With ``RunSpec.cluster`` (B7)
 the URL is a cluster node and every peer's client is a ``RedisCluster``; the pub/sub hop then
 uses sharded pub/sub (``SPUBLISH``/``SSUBSCRIBE``), as our locks do on a cluster.
 """
@@ -58,6 +61,7 @@ class RunSpec:
     seed: int
     acquire_timeout_s: float
     cluster: bool = False  # url is a cluster node: connect with a RedisCluster client (B7)
+    traced: bool = False  # record the client's writes and reads (TRACED peers only)
 
 
 @dataclass(slots=True)
@@ -409,7 +413,7 @@ def _expect(message: object, wanted: object) -> None:
 
 
 async def _play_async(spec: RunSpec, conn: Connection, other: Connection) -> RunResult:
-    meter = Meter(trace=[]) if spec.peer in TRACED else None
+    meter = Meter(trace=[]) if spec.traced and spec.peer in TRACED else None
     peer = _async_peer(spec, meter)
     side = _Side(spec, conn, other)
     clock = time.monotonic_ns

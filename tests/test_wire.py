@@ -335,13 +335,13 @@ async def test_a_cancelled_give_back_still_wakes_a_queued_task(redis_url: str, n
     client = aioredis.Redis(connection_pool=pool)
     admin = aioredis.Redis.from_url(redis_url)
     internals: Any = pool
-    condition: asyncio.Condition = internals._condition
+    condition: Any = internals._condition
     try:
         await _cycle(Lock(client, name, auto_renew=False), 1)  # one connection, idle
         sha = await client.script_load("return 1")
         fast = fast_pool(client)
         assert fast is not None
-        await admin.execute_command("CLIENT", "PAUSE", "400", "ALL")  # the call waits...
+        await admin.client_pause(400, all=True)  # the call waits...
         # A bare script call: a lock's call, cancelled, would send an undo, whose own turn
         # at the pool would wake the queued task and hide the bug.
         holder = asyncio.ensure_future(run_script(fast, sha, (), ()))
@@ -350,8 +350,7 @@ async def test_a_cancelled_give_back_still_wakes_a_queued_task(redis_url: str, n
         await until(lambda: bool(condition._waiters), what="a task queued")
         await condition.acquire()  # the give-back will have to wait for the condition
         try:
-            lock_waiters: Any = condition._lock
-            await until(lambda: bool(lock_waiters._waiters), what="the give-back waiting")
+            await until(lambda: bool(condition._lock._waiters), what="the give-back waiting")
             holder.cancel()
             await asyncio.gather(holder, return_exceptions=True)
         finally:

@@ -19,8 +19,8 @@ lock go through the same node. Rows:
 * our ``Lock`` (SPEC §5: ≤ 1.5 x the floor on the same cluster, median and p99) and
   ``FairLock``.
 
-Both workers' clients also record when they write and read, so a handoff is split into its
-hops exactly as in B2.
+As in B2, traced runs of their own (the clients record when they write and read) split a
+handoff into its hops; the latencies come from the untraced runs.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, final
 
-from redis.exceptions import AskError, RedisError, ResponseError
+from redis.exceptions import AskError, ResponseError
 
 from ._errors import LockError
 from ._keys import key_slot
@@ -97,6 +97,14 @@ def _by_slot(channels: list[str]) -> list[list[str]]:
     for channel in channels:
         groups.setdefault(key_slot(channel), []).append(channel)
     return list(groups.values())
+
+
+def _of_another_loop(exc: BaseException) -> bool:
+    """``exc`` is asyncio's for a connection opened under another (closed) event loop."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "attached to a different loop" in text or "Event loop is closed" in text
+    )
 
 
 def _text(value: object) -> str:
@@ -346,15 +354,19 @@ class SubscriptionHub:
                 "sunsubscribe" if self._sharded else "unsubscribe", *_with_presence(channel)
             )
 
-    async def _reset(self, reason: str) -> None:
+    async def _reset(self, reason: str, *, stale: bool = False) -> None:
         """Drop the connection: every channel waits for a new confirmation; the listener
-        reconnects."""
+        reconnects. ``stale``: the connection was opened under an earlier event loop (the
+        client is used under a new one): expected, and said only at debug level."""
         if self._pubsub is None:
             return
         self._generation += 1
         self.reconnects += 1
         pubsub, self._pubsub = self._pubsub, None
-        logger.warning("pub/sub connection dropped (%s); reconnecting", reason)
+        if stale:
+            logger.debug("pub/sub connection of an earlier event loop dropped; reconnecting")
+        else:
+            logger.warning("pub/sub connection dropped (%s); reconnecting", reason)
         for entry in self._channels.values():
             entry.asked_at = None
             if entry.confirmed.done():
@@ -455,7 +467,7 @@ class SubscriptionHub:
                     self._moved(exc.slot_id)
                 elif isinstance(exc, ResponseError):
                     self._refused(exc)
-                await self._reset(f"{exc!r}")
+                await self._reset(f"{exc!r}", stale=not heard and _of_another_loop(exc))
                 if not heard:
                     # Failed before a single confirmation: back off, or a refused
                     # subscription would reconnect in a hot loop.
@@ -584,5 +596,5 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
 async def _close_quietly(pubsub: Any) -> None:
     try:
         await asyncio.wait_for(pubsub.aclose(), _SEND_TIMEOUT)
-    except (RedisError, OSError, asyncio.TimeoutError) as exc:
+    except Exception as exc:  # a broken connection, or one of a closed event loop: let it go
         logger.debug("closing a pub/sub connection failed: %r", exc)

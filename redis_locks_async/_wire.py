@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import os
 import types
-import weakref
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, final
 
@@ -61,7 +60,14 @@ try:
 except ImportError:  # pragma: no cover - redis-py without its own metrics
     _recorder = None  # type: ignore[assignment]
 
-__all__ = ("TORN_DOWN", "FastPool", "connection_failed", "fast_pool", "run_script")
+__all__ = (
+    "TORN_DOWN",
+    "FastPool",
+    "connection_failed",
+    "drop_connection",
+    "fast_pool",
+    "run_script",
+)
 
 TORN_DOWN: Final = (AttributeError, TypeError)
 """What asyncio raises for a transport torn down under a read or write (``pool.disconnect()``
@@ -141,7 +147,11 @@ class FastPool:
         return b"".join(out)
 
 
-_POOLS: weakref.WeakKeyDictionary[ConnectionPool, FastPool | None] = weakref.WeakKeyDictionary()
+# Where a pool keeps what fast_pool() found out about it: on the pool itself, so that the two
+# go together (a weak mapping from the pool to a FastPool, which refers to the pool, kept every
+# pool ever used alive, with its connections).
+_FAST: Final = "_redis_locks_async_fast"
+_UNKNOWN: Final = object()
 
 
 def _qualifies(pool: ConnectionPool) -> bool:
@@ -182,14 +192,19 @@ def fast_pool(client: object) -> FastPool | None:
     if "execute_command" in own or "evalsha" in own or _metrics_on():
         return None
     pool = client.connection_pool
-    try:
-        return _POOLS[pool]
-    except KeyError:
-        fast = _POOLS[pool] = FastPool(pool) if _qualifies(pool) else None
-        return fast
+    fast = getattr(pool, _FAST, _UNKNOWN)
+    if fast is _UNKNOWN:
+        fast = FastPool(pool) if _qualifies(pool) else None
+        setattr(pool, _FAST, fast)
+    return fast  # type: ignore[return-value]
 
 
 async def _exchange(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args) -> object:
+    opened_on = _loop_of(conn)
+    if opened_on is not None and opened_on is not asyncio.get_running_loop():
+        # Opened under an earlier event loop (a client used under one asyncio.run after
+        # another): its first read would fail, after the command was sent. A new one instead.
+        await drop_connection(conn, nowait=True)
     if not conn.is_connected:
         # One connection attempt per attempt of the command: the command's Retry is the one
         # that retries (connect() would nest the connection's own Retry inside it: 11 x 10
@@ -207,8 +222,25 @@ async def _exchange(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args)
         return await conn.read_response()
     except (OSError, RuntimeError, *TORN_DOWN) as exc:
         # A transport torn down under the call: a connection error, retried like one.
-        await conn.disconnect(nowait=True)
+        await drop_connection(conn, nowait=True)
         raise connection_failed(exc) from exc
+
+
+async def drop_connection(conn: Any, *, nowait: bool = False) -> None:
+    """Disconnect ``conn``, whatever state it is in. A connection opened on an event loop that
+    has since been closed cannot be closed the ordinary way (asyncio raises "Event loop is
+    closed"); redis-py forgets it all the same (its next use opens a new one), and that is
+    all that is needed here."""
+    try:
+        await conn.disconnect(nowait=nowait)
+    except (OSError, RuntimeError, *TORN_DOWN):
+        pass
+
+
+def _loop_of(conn: Any) -> asyncio.AbstractEventLoop | None:
+    """The event loop ``conn``'s open socket belongs to (``None``: not connected)."""
+    reader = getattr(conn, "_reader", None)
+    return getattr(reader, "_loop", None) if reader is not None else None
 
 
 def connection_failed(exc: BaseException) -> RedisConnectionError:
@@ -239,7 +271,7 @@ async def run_script(fast: FastPool, sha: str, keys: Keys, args: Args) -> object
 
 def _sent(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args) -> Awaitable[object]:
     return conn.retry.call_with_retry(  # type: ignore[no-any-return]
-        lambda: _exchange(conn, fast, sha, keys, args), lambda _error: conn.disconnect()
+        lambda: _exchange(conn, fast, sha, keys, args), lambda _error: drop_connection(conn)
     )
 
 
@@ -263,13 +295,13 @@ async def _put_back(fast: FastPool, conn: Any) -> None:
     pool: Any = fast.pool
     in_use: set[Any] = pool._in_use_connections
     if conn not in in_use:  # the pool was reset meanwhile: the connection is no longer its own
-        await conn.disconnect()
+        await drop_connection(conn)
         return
     in_use.discard(conn)
     condition = fast.condition
     try:
         if conn.should_reconnect():
-            await conn.disconnect()
+            await drop_connection(conn)
     finally:
         pool._available_connections.append(conn)
         if condition is not None and condition._waiters:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import secrets
 import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,6 +40,7 @@ from redis.backoff import ConstantBackoff
 from redis.crc import key_slot
 
 from redis_locks_async import (
+    FairLock,
     HoldState,
     Lease,
     Lock,
@@ -49,7 +52,7 @@ from redis_locks_async import (
 from tests import _introspect as introspect
 from tests._workers import worker_process
 from tests.faultproxy import FaultProxy
-from tests.servers import ServerProcess
+from tests.servers import ServerFactory, ServerProcess
 from tests.test_lock_faults import HoldingTask, finish, until
 
 if TYPE_CHECKING:
@@ -1485,3 +1488,69 @@ class TestFoundByTheHarness:
         assert introspect.renewal_round_trips(client) - trips <= 1, "keeper spinning"
         await finish(task, 5, "the release")
         assert lease.state is HoldState.RELEASED and not lost
+
+
+# The sockets a closed event loop leaves behind are asyncio's to warn about when they are
+# collected (ResourceWarning), whatever uses the client; this test is about what the library does.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("kind", ["Lock", "FairLock", "Semaphore"])
+def test_a_client_used_on_one_event_loop_after_another(
+    server_factory: ServerFactory, name: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client and its locks used under ``asyncio.run`` again and again (a sync application
+    running each job on a fresh loop, tests with a loop each): every loop's contended cycles
+    work, with nothing to warn about. Bug: from the second loop on, ``acquire`` could fail with
+    ``LockError`` ("the connection failed under the call: RuntimeError('Event loop is
+    closed')"): the short way sent the script on a pooled connection of the earlier loop, whose
+    read failed, and dropping that connection for the retry failed too. The subscription hub
+    also logged a dropped pub/sub connection and an error with a traceback ("background task
+    failed": closing a connection of the closed loop)."""
+    caplog.set_level(logging.INFO, logger="redis_locks_async")
+    failures: list[BaseException] = []
+    # In a thread of its own: the test's thread keeps its event loop settings.
+    # A server of its own: the pub/sub connections of the closed loops' hubs stay behind.
+    url = server_factory().url
+    thread = threading.Thread(target=_loops_one_after_another, args=(url, name, kind, failures))
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive()
+    assert not failures, failures
+    # The client was not closed (redis-py cannot close a pool holding connections of closed
+    # loops): its sockets are collected here, under this test's filter, not in a later test.
+    gc.collect()
+    noisy = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("redis_locks_async")
+    ]
+    assert not noisy, [r.getMessage() for r in noisy]
+
+
+def _loops_one_after_another(
+    redis_url: str, name: str, kind: str, failures: list[BaseException]
+) -> None:
+    """Three ``asyncio.run`` in a row, each with 4 tasks contending for one lock of one client
+    (one holder at a time)."""
+    client = aioredis.Redis.from_url(redis_url)
+    lock: Any = (
+        Semaphore(client, name, permits=1, lease=5)
+        if kind == "Semaphore"
+        else (FairLock if kind == "FairLock" else Lock)(client, name, lease=5)
+    )
+    holders: list[int] = []
+
+    async def contend() -> None:
+        async def one() -> None:
+            async with lock:
+                holders.append(1)
+                assert len(holders) == 1
+                await asyncio.sleep(0.005)
+                holders.pop()
+
+        await asyncio.wait_for(asyncio.gather(*(one() for _ in range(4))), 20)
+
+    try:
+        for _ in range(3):
+            asyncio.run(contend())
+    except BaseException as exc:
+        failures.append(exc)

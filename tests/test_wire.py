@@ -5,7 +5,9 @@ server."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import weakref
 from typing import Any
 
 import pytest
@@ -360,3 +362,17 @@ async def test_a_cancelled_give_back_still_wakes_a_queued_task(redis_url: str, n
         await client.aclose()
         await pool.disconnect()
         await admin.aclose()
+
+
+async def test_a_client_that_is_let_go_is_collected(redis_url: str, name: str) -> None:
+    """Bug: what the short way learnt about a pool was kept in a weak mapping keyed by the
+    pool, in a value that referred to the pool: every pool ever used stayed alive for good,
+    with its connections (an application creating a client per job grew without bound)."""
+    client = aioredis.Redis.from_url(redis_url)
+    await _cycle(Lock(client, name, auto_renew=False), 2)
+    assert fast_pool(client) is not None
+    pool = weakref.ref(client.connection_pool)
+    await client.aclose()
+    del client
+    gc.collect()
+    assert pool() is None, "the pool outlived its client"

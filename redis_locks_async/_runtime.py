@@ -335,7 +335,8 @@ class Runtime:
             while hold is not None:  # a task's earlier permits wait underneath (outer)
                 hold.mark_lost("the redis client was closed")
                 hold = hold.outer
-        self.holds.clear()
+        # The lost holds stay their tasks' until released: each release() says "lost"
+        # (LockLostError), as after any other loss, not "not held".
         await self.keeper.aclose()
         for hub in self._hubs.values():
             hub.wake_all()

@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lock, LockLostError, LockTimeout, ReadWriteLock, Semaphore
+from redis_locks_async import (
+    Lock,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeout,
+    ReadWriteLock,
+    Semaphore,
+)
 from redis_locks_async._lock import LOCK_RENEW
 from redis_locks_async._rwlock import RW_RENEW
 from redis_locks_async._semaphore import SEM_RENEW
@@ -589,6 +596,30 @@ class TestEveryPrimitive:
             await settle(conn)
         assert await registered(client, name, kind) == 0
         await assert_no_leaked_keys(client, name, kind, lease + claim + REGISTRATION_GRACE)
+
+    async def test_a_hold_lost_to_a_closed_client_says_so_on_release(
+        self, redis_url: str, make: Make, name: str
+    ) -> None:
+        """Bug (contract probe): after ``client.aclose()`` the holds it had were marked lost,
+        ``on_lost`` ran — and then forgotten: the task's ``release()`` (in its ``finally``)
+        raised ``LockNotOwnedError`` ("not held by this task") where every other loss says
+        ``LockLostError``, as leaving ``async with`` did."""
+        client = aioredis.Redis.from_url(redis_url)
+        lost: list[bool] = []
+        lock = make(client, name, on_lost=lambda lease: lost.append(lease.lost))
+        await lock.acquire()
+        lease = lock.current_lease
+        assert lease is not None
+        await client.aclose()
+        await asyncio.wait_for(lease.wait_lost(), 5)
+        assert lost == [True]
+        assert lock.current_lease is lease
+        with pytest.raises(LockLostError, match="closed"):
+            await lock.release()
+        after: object = lock.current_lease
+        assert after is None
+        with pytest.raises(LockNotOwnedError):
+            await lock.release()  # told once per acquire: then it is no longer held
 
     async def test_a_grant_heard_after_its_claim_window_is_no_hold(
         self,

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import secrets
 import signal
-import threading
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,7 +39,6 @@ from redis.backoff import ConstantBackoff
 from redis.crc import key_slot
 
 from redis_locks_async import (
-    FairLock,
     HoldState,
     Lease,
     Lock,
@@ -52,7 +50,7 @@ from redis_locks_async import (
 from tests import _introspect as introspect
 from tests._workers import worker_process
 from tests.faultproxy import FaultProxy
-from tests.servers import ServerFactory, ServerProcess
+from tests.servers import ServerProcess
 from tests.test_lock_faults import HoldingTask, finish, until
 
 if TYPE_CHECKING:
@@ -1490,12 +1488,39 @@ class TestFoundByTheHarness:
         assert lease.state is HoldState.RELEASED and not lost
 
 
-# The sockets a closed event loop leaves behind are asyncio's to warn about when they are
-# collected (ResourceWarning), whatever uses the client; this test is about what the library does.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+_LOOPS_ONE_AFTER_ANOTHER = """
+import asyncio, logging, sys
+import redis.asyncio as aioredis
+from redis_locks_async import FairLock, Lock, Semaphore
+
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+url, name, kind = sys.argv[1:4]
+client = aioredis.Redis.from_url(url)
+if kind == "Semaphore":
+    lock = Semaphore(client, name, permits=1, lease=5)
+else:
+    lock = (FairLock if kind == "FairLock" else Lock)(client, name, lease=5)
+holders = []
+
+async def contend():
+    async def one():
+        async with lock:
+            holders.append(1)
+            assert len(holders) == 1
+            await asyncio.sleep(0.005)
+            holders.pop()
+
+    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(4))), 20)
+
+for _ in range(3):
+    asyncio.run(contend())
+print("done")
+"""
+
+
 @pytest.mark.parametrize("kind", ["Lock", "FairLock", "Semaphore"])
-def test_a_client_used_on_one_event_loop_after_another(
-    server_factory: ServerFactory, name: str, kind: str, caplog: pytest.LogCaptureFixture
+async def test_a_client_used_on_one_event_loop_after_another(
+    redis_url: str, name: str, kind: str
 ) -> None:
     """A client and its locks used under ``asyncio.run`` again and again (a sync application
     running each job on a fresh loop, tests with a loop each): every loop's contended cycles
@@ -1504,53 +1529,22 @@ def test_a_client_used_on_one_event_loop_after_another(
     closed')"): the short way sent the script on a pooled connection of the earlier loop, whose
     read failed, and dropping that connection for the retry failed too. The subscription hub
     also logged a dropped pub/sub connection and an error with a traceback ("background task
-    failed": closing a connection of the closed loop)."""
-    caplog.set_level(logging.INFO, logger="redis_locks_async")
-    failures: list[BaseException] = []
-    # In a thread of its own: the test's thread keeps its event loop settings.
-    # A server of its own: the pub/sub connections of the closed loops' hubs stay behind.
-    url = server_factory().url
-    thread = threading.Thread(target=_loops_one_after_another, args=(url, name, kind, failures))
-    thread.start()
-    thread.join(120)
-    assert not thread.is_alive()
-    assert not failures, failures
-    # The client was not closed (redis-py cannot close a pool holding connections of closed
-    # loops): its sockets are collected here, under this test's filter, not in a later test.
-    gc.collect()
-    noisy = [
-        r
-        for r in caplog.records
-        if r.levelno >= logging.WARNING and r.name.startswith("redis_locks_async")
-    ]
-    assert not noisy, [r.getMessage() for r in noisy]
+    failed": closing a connection of the closed loop).
 
-
-def _loops_one_after_another(
-    redis_url: str, name: str, kind: str, failures: list[BaseException]
-) -> None:
-    """Three ``asyncio.run`` in a row, each with 4 tasks contending for one lock of one client
-    (one holder at a time)."""
-    client = aioredis.Redis.from_url(redis_url)
-    lock: Any = (
-        Semaphore(client, name, permits=1, lease=5)
-        if kind == "Semaphore"
-        else (FairLock if kind == "FairLock" else Lock)(client, name, lease=5)
+    In a process of its own: the client is not closed (redis-py cannot close a pool holding
+    connections of closed loops), and what the closed loops leave behind stays there."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _LOOPS_ONE_AFTER_ANOTHER,
+        redis_url,
+        name,
+        kind,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
-    holders: list[int] = []
-
-    async def contend() -> None:
-        async def one() -> None:
-            async with lock:
-                holders.append(1)
-                assert len(holders) == 1
-                await asyncio.sleep(0.005)
-                holders.pop()
-
-        await asyncio.wait_for(asyncio.gather(*(one() for _ in range(4))), 20)
-
-    try:
-        for _ in range(3):
-            asyncio.run(contend())
-    except BaseException as exc:
-        failures.append(exc)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    logged = [line for line in err.decode().splitlines() if line.startswith("redis_locks_async")]
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out.decode().strip() == "done"
+    assert not logged, logged

@@ -644,3 +644,69 @@ async def test_a_release_in_a_slot_migration_window_frees_the_lock_after_it(
     assert await rival.acquire(timeout=5.0)
     assert loop.time() - closed < 2.5, "the lock stayed held after its release"
     await rival.release()
+
+
+async def test_command_line_on_a_cluster(
+    cluster: list[RedisCluster], cluster_nodes: list[ServerProcess]
+) -> None:
+    """``inspect``, ``list`` and ``force-unlock`` given any node of a cluster: each lock is read
+    and freed on the primary serving its slot, ``list`` finds the locks of every primary, and
+    a forced unlock wakes the waiter (through the node's sharded channel) at once."""
+    from tests.test_cli import cli
+
+    a, b = cluster
+    url = f"redis://{cluster_nodes[0].host}:{cluster_nodes[0].port}"
+    names = _names_on_every_node(a, "cli")
+    held = [Lock(a, name, lease=60.0) for name in names]
+    for lock in held:
+        assert await lock.acquire(timeout=5)
+    sem = Semaphore(a, "{cli}:sem", 2, lease=60.0)
+    assert await sem.acquire(timeout=5)
+    got, stop = asyncio.Event(), asyncio.Event()
+
+    async def wait_then_hold() -> None:
+        async with Lock(b, names[-1], lease=60.0, timeout=30):
+            got.set()
+            await stop.wait()
+
+    waiting = asyncio.create_task(wait_then_hold())
+    try:
+        for lock in held:
+            lease = lock.current_lease
+            assert lease is not None
+            result = await cli(url, "inspect", lock.name, "--json")
+            assert result.code == 0, result
+            view = result.json()
+            assert view["kind"] == "lock"
+            assert [h["token"] for h in view["holders"]] == [lease.fencing_token]
+
+        listed = await cli(url, "list", "*cli*", "--json")
+        assert listed.code == 0, listed
+        assert {lock["name"] for lock in listed.json()["locks"]} == {*names, "{cli}:sem"}
+        assert not listed.json()["truncated"]
+        limited = await cli(url, "list", "*cli*", "--json", "--limit", "2")
+        assert len(limited.json()["locks"]) == 2 and limited.json()["truncated"], limited
+
+        victim = held[-1]
+        lease = victim.current_lease
+        assert lease is not None
+        freed = await cli(url, "force-unlock", victim.name, "--yes")
+        assert freed.code == 0, freed
+        assert f"(token {lease.fencing_token})" in freed.out
+        # the waiter's lease-bounded timer is a minute away: only the announcement wakes it
+        await asyncio.wait_for(got.wait(), 10)
+        with pytest.raises(LockError):
+            await victim.release()
+        stop.set()
+        await asyncio.wait_for(waiting, 10)
+        gone = await cli(url, "inspect", victim.name)
+        assert gone.code == 1, gone
+    finally:
+        stop.set()
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        for lock in held[:-1]:
+            await lock.release()
+        await sem.release()
+        # (the waiter was woken by the announcement of a forced unlock: it must not be
+        # mistaken for one woken by its timer)

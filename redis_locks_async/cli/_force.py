@@ -29,6 +29,7 @@ from ._inspect import (
     EXIT_USAGE,
     KIND_TITLES,
     CliError,
+    Servers,
     read_view,
     render_view,
     run_command,
@@ -40,12 +41,15 @@ FORCE_UNLOCK: Final = Script("force_unlock.lua")
 
 
 async def force_unlock(
-    client: aioredis.Redis, name: str, kind: str
+    client: aioredis.Redis, name: str, kind: str, *, sharded: bool = False
 ) -> tuple[tuple[str, int | None], ...] | None:
     """Run ``force_unlock.lua`` on the lock ``name`` of ``kind``; the (owner, token) of every
-    live hold it removed, or None when the key turned out not to be a lock of that kind."""
+    live hold it removed, or None when the key turned out not to be a lock of that kind.
+    ``sharded``: announce with ``SPUBLISH`` (a cluster node: its waiters listen there)."""
     keys = LockKeys.for_name(name, kind)
-    reply = await FORCE_UNLOCK.run(client, (keys.name, keys.meta), (kind, keys.channel, "0"))
+    reply = await FORCE_UNLOCK.run(
+        client, (keys.name, keys.meta), (kind, keys.channel, "1" if sharded else "0")
+    )
     if not isinstance(reply, list) or not reply:
         raise CliError(f"unexpected reply from force_unlock.lua: {reply!r}")
     count = int(reply[0])
@@ -77,7 +81,8 @@ def run_force_unlock(args: argparse.Namespace) -> int:
     """``force-unlock NAME``: exit 0 when something was removed, 1 when nothing was held,
     2 on errors (and when the operator did not confirm)."""
 
-    async def body(client: aioredis.Redis) -> int:
+    async def body(servers: Servers) -> int:
+        client = await servers.for_name(args.name)
         view = await read_view(client, args.name, args.kind)
         if not view.held or view.kind is None:
             print(f"{args.name!r} is not held: nothing to do", file=sys.stderr)
@@ -87,7 +92,7 @@ def run_force_unlock(args: argparse.Namespace) -> int:
         if not args.yes and not _confirmed(args.name):
             print("not confirmed: nothing changed", file=sys.stderr)
             return EXIT_USAGE
-        removed = await force_unlock(client, args.name, view.kind)
+        removed = await force_unlock(client, args.name, view.kind, sharded=servers.clustered)
         if removed is None:
             raise CliError(
                 f"{args.name!r} is no longer a {KIND_TITLES[view.kind]}; nothing changed"

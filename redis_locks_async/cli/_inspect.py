@@ -21,7 +21,10 @@ waiting process for ``Lock`` (its other tasks queue locally), every waiter for t
 contain the byte 0xFF, which no lock name can), pre-filters the candidates with a few cheap
 commands per key in one pipeline, and reads each candidate with :func:`read_view`.
 
-Redis Cluster is not supported by these commands yet (they talk to one node).
+On a Redis Cluster (:class:`Servers` finds out with ``INFO cluster``) each lock is read and
+written on the primary that serves its slot — every key of a lock is in that one slot — through
+a plain connection to that node, so the snapshot is still one ``MULTI``; ``list`` scans every
+primary in turn.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any, Final, TextIO, TypeVar, final
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from .._keys import AUX_SEPARATOR, LockKeys
@@ -44,6 +48,7 @@ __all__ = (
     "KINDS",
     "Holder",
     "LockView",
+    "Servers",
     "Waiter",
     "connect",
     "detect",
@@ -162,9 +167,81 @@ def _without(text: str, url: str) -> str:
 def connect(url: str) -> aioredis.Redis:
     """A client on ``url`` with bounded timeouts (a bad URL is a :class:`CliError`)."""
     try:
-        return aioredis.Redis.from_url(url, socket_connect_timeout=5.0, socket_timeout=10.0)
+        return aioredis.Redis.from_url(url, **_TIMEOUTS)
     except ValueError as exc:
         raise CliError(f"bad --url {redacted(url)!r}: {_without(str(exc), url)}") from None
+
+
+_TIMEOUTS: Final[dict[str, Any]] = {"socket_connect_timeout": 5.0, "socket_timeout": 10.0}
+
+
+def _at(url: str, host: str, port: int) -> str:
+    """``url`` (its scheme, credentials, database and options) pointed at ``host:port``."""
+    parts = urlsplit(url)
+    user = parts.netloc.rpartition("@")[0]
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=f"{user}@{where}" if user else where))
+
+
+class Servers:
+    """Where a command reads and writes: the one server ``url`` names, or — when that is a
+    node of a Redis Cluster — the primary serving a lock's slot (:meth:`for_name`) and every
+    primary in turn (:meth:`primaries`), each through a plain client of its own."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._seed = connect(url)
+        self._cluster: RedisCluster | None = None
+        self._nodes: dict[tuple[str, int], aioredis.Redis] = {}
+
+    @property
+    def clustered(self) -> bool:
+        """Whether ``url`` named a node of a Redis Cluster (known after :meth:`open`)."""
+        return self._cluster is not None
+
+    async def open(self) -> None:
+        """Find out whether the server is a cluster node (and then the cluster's layout)."""
+        try:
+            info = await self._seed.info("cluster")
+        except ResponseError:
+            return  # INFO refused (an ACL user without it): a single server, as far as we know
+        if not int(info.get("cluster_enabled", 0)):
+            return
+        try:
+            cluster = RedisCluster.from_url(self._url, **_TIMEOUTS)
+        except ValueError as exc:
+            raise CliError(f"bad --url {redacted(self._url)!r}: {exc}") from None
+        self._cluster = cluster
+        await cluster.initialize()
+
+    async def for_name(self, name: str) -> aioredis.Redis:
+        """The client of the server that keeps the lock ``name``."""
+        if self._cluster is None:
+            return self._seed
+        node = self._cluster.get_node_from_key(name)
+        if node is None:
+            raise CliError(f"no cluster node serves the slot of {name!r}")
+        return self._node(node.host, int(node.port))
+
+    async def primaries(self) -> list[aioredis.Redis]:
+        """The client of every server that keeps locks (one; or each cluster primary)."""
+        if self._cluster is None:
+            return [self._seed]
+        nodes = sorted(self._cluster.get_primaries(), key=lambda node: (node.host, node.port))
+        return [self._node(node.host, int(node.port)) for node in nodes]
+
+    def _node(self, host: str, port: int) -> aioredis.Redis:
+        client = self._nodes.get((host, port))
+        if client is None:
+            client = self._nodes[(host, port)] = connect(_at(self._url, host, port))
+        return client
+
+    async def aclose(self) -> None:
+        """Close every client this opened."""
+        for client in (self._seed, *self._nodes.values()):
+            await client.aclose()
+        if self._cluster is not None:
+            await self._cluster.aclose()
 
 
 def _text(value: object) -> str:
@@ -433,17 +510,17 @@ def render_view(view: LockView, verbose: bool, out: TextIO) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def run_command(url: str, body: Callable[[aioredis.Redis], Coroutine[Any, Any, int]]) -> int:
-    """Run ``body`` with a client on ``url``; report a :class:`CliError` or a Redis failure on
-    stderr with exit code 2."""
+def run_command(url: str, body: Callable[[Servers], Coroutine[Any, Any, int]]) -> int:
+    """Run ``body`` with the servers of ``url``; report a :class:`CliError` or a Redis failure
+    on stderr with exit code 2."""
 
     async def main() -> int:
-        client = connect(url)
+        servers = Servers(url)
         try:
-            await _refuse_cluster(client)
-            return await body(client)
+            await servers.open()
+            return await body(servers)
         finally:
-            await client.aclose()
+            await servers.aclose()
 
     try:
         return asyncio.run(main())
@@ -454,20 +531,11 @@ def run_command(url: str, body: Callable[[aioredis.Redis], Coroutine[Any, Any, i
     return EXIT_USAGE
 
 
-async def _refuse_cluster(client: aioredis.Redis) -> None:
-    try:
-        info = await client.info("cluster")
-    except ResponseError:
-        return
-    if int(info.get("cluster_enabled", 0)):
-        raise CliError("Redis Cluster is not supported by this command yet (one node only)")
-
-
 def run_inspect(args: argparse.Namespace) -> int:
     """``inspect NAME``: exit 0 when held, 1 when not held, 2 on errors."""
 
-    async def body(client: aioredis.Redis) -> int:
-        view = await read_view(client, args.name, args.kind)
+    async def body(servers: Servers) -> int:
+        view = await read_view(await servers.for_name(args.name), args.name, args.kind)
         if args.json:
             json.dump(view.to_json(), sys.stdout, indent=2)
             sys.stdout.write("\n")
@@ -555,8 +623,19 @@ def render_list(views: Sequence[LockView], out: TextIO) -> None:
 def run_list(args: argparse.Namespace) -> int:
     """``list [PATTERN]``: exit 0 when locks were found, 1 when none, 2 on errors."""
 
-    async def body(client: aioredis.Redis) -> int:
-        views, truncated = await find_locks(client, args.pattern, args.count, args.limit)
+    async def body(servers: Servers) -> int:
+        views: list[LockView] = []
+        truncated = False
+        primaries = await servers.primaries()
+        for index, client in enumerate(primaries):
+            found, truncated = await find_locks(
+                client, args.pattern, args.count, args.limit - len(views)
+            )
+            views.extend(found)
+            if len(views) >= args.limit:
+                # Stopped at the limit: more may match here or on the primaries not scanned.
+                truncated = truncated or index + 1 < len(primaries)
+                break
         if args.json:
             data = {
                 "locks": [

@@ -303,29 +303,43 @@ end
 -- wt (token), wx (expiry, server ms) and we (its re-entries, ",e1,e2,"); each reader in a field
 -- "r:<owner>" -> "<expiry ms>:<token>:<re-entries>". Every hold has its own expiry; the key's
 -- TTL is kept at least as long as the longest. rw_state drops expired holds and reads what is
--- left: the writer's owner (or nil), its token and expiry, and how many readers there are.
+-- left: the writer's owner (or nil), its token and expiry, and how many readers there are. A
+-- hash with anything else in it (another kind's lock, a user's data) is `foreign`: nothing of
+-- it is dropped, and the caller refuses it.
 local function rw_state(lock, now_ms)
     local fields = redis.call('HGETALL', lock)
     local state = {readers = 0}
+    local expired = {}
+    local writer_fields = 0
     for i = 1, #fields, 2 do
         local field, value = fields[i], fields[i + 1]
         if field == 'w' then
-            state.writer = value
+            state.writer, writer_fields = value, writer_fields + 1
         elseif field == 'wt' then
-            state.token = tonumber(value)
+            state.token, writer_fields = tonumber(value), writer_fields + 1
         elseif field == 'wx' then
-            state.expiry = tonumber(value)
-        elseif string.sub(field, 1, 2) == 'r:' then
+            state.expiry, writer_fields = tonumber(value), writer_fields + 1
+        elseif string.sub(field, 1, 2) == 'r:' and string.match(value, '^%d+:%d+:') then
             local expiry = tonumber(string.match(value, '^(%d+)'))
-            if expiry and expiry >= now_ms then
+            if expiry >= now_ms then
                 state.readers = state.readers + 1
                 state.first_end = math.min(state.first_end or expiry, expiry)
             else
-                redis.call('HDEL', lock, field)
+                expired[#expired + 1] = field
             end
-        elseif field == 'owner' then
-            state.foreign = true  -- a Lock's hash: not ours
+        elseif field ~= 'we' then  -- ('we': the writer's entries, read where needed)
+            -- A field no read/write lock writes (a Lock's "owner", a user's own data): not
+            -- ours, and nothing of it is touched.
+            state.foreign = true
+            return state
         end
+    end
+    if writer_fields ~= 0 and not (writer_fields == 3 and state.token and state.expiry) then
+        state.foreign = true  -- a writer's fields, but not as a read/write lock writes them
+        return state
+    end
+    for _, field in ipairs(expired) do
+        redis.call('HDEL', lock, field)
     end
     if state.writer and not (state.expiry and state.expiry >= now_ms) then
         redis.call('HDEL', lock, 'w', 'wt', 'wx', 'we')
@@ -386,6 +400,18 @@ local function rw_admit(lock, meta, queue, channel, sharded, now, state)
             keep(lock, window)
         end,
         passing))
+end
+
+-- Whether a semaphore's `holders` is someone else's sorted set. Asked only when no permit
+-- count is recorded (a new semaphore, whose holders set is empty): members that are not owner
+-- ids (40 hex digits) are foreign data, which no script touches.
+local function sem_foreign(holders)
+    for _, member in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+        if #member ~= 40 or string.find(member, '[^0-9a-f]') then
+            return true
+        end
+    end
+    return false
 end
 
 -- Semaphores (``Semaphore``) keep their holders in a ZSET owner -> expiry (server ms) under the

@@ -27,7 +27,8 @@
 --                              now — "g:..." announced, see prelude.lua, rw_admit — and ttl is
 --                              its claim window)
 --          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
---          {-2, 1, 0, 0}       KEYS[1] is a hash of another kind of lock; nothing changed
+--          {-2, 1, 0, 0}       KEYS[1] is a hash of another kind of lock, or of no lock at all
+--                              (a field no read/write lock writes); nothing changed
 -- A key of another type fails the script with WRONGTYPE before anything is written.
 
 local lock, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

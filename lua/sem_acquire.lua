@@ -17,6 +17,7 @@
 --          {0, at, 0, ttl}     no permit is free; ttl: when the first held one ends at the
 --                              latest; at: as in lock_acquire.lua
 --          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
+--          {-2, 1, 0, 0}       KEYS[1] is a sorted set that is not a semaphore's: nothing changed
 -- A key of another type fails the script with WRONGTYPE before anything is written.
 
 local holders, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -34,6 +35,9 @@ if is_done(done, me) then
     return {-1, 0, 0, 0}
 end
 if not permits then
+    if sem_foreign(holders) then
+        return {-2, 1, 0, 0}
+    end
     permits = tonumber(ARGV[6])
     redis.call('HSET', meta, 'permits', permits)
     keep(meta, lease + AUX_TAIL_MS)

@@ -5,19 +5,23 @@
 --          of the line; "free": how many permits are free now (read-only)
 -- ARGV[2]  permit count (>= 1) for "set", the caller's count (when none is recorded) for "free"
 -- ARGV[3]  channel; ARGV[4] "1" for SPUBLISH
--- returns  "set": how many waiters were handed a permit; "free": free permits (may be < 0
---          after a decrease, until enough holders leave)
+-- returns  {1, n}  "set": n waiters were handed a permit; "free": n permits are free (may be
+--                   < 0 after a decrease, until enough holders leave)
+--          {-2, 1}  KEYS[1] is a sorted set that is not a semaphore's: nothing changed
 
 local holders, meta, queue = KEYS[1], KEYS[2], KEYS[3]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now / 1000)
+local recorded = tonumber(redis.call('HGET', meta, 'permits'))
+if not recorded and sem_foreign(holders) then
+    return {-2, 1}
+end
 if ARGV[1] == 'free' then
-    local permits = tonumber(redis.call('HGET', meta, 'permits')) or tonumber(ARGV[2])
-    return permits - redis.call('ZCOUNT', holders, now_ms, '+inf')
+    return {1, (recorded or tonumber(ARGV[2])) - redis.call('ZCOUNT', holders, now_ms, '+inf')}
 end
 redis.call('ZSCORE', queue, '')  -- reads every key before the first write (type check)
 redis.call('ZSCORE', holders, '')
 redis.call('HSET', meta, 'permits', tonumber(ARGV[2]))
 keep(meta, AUX_TAIL_MS)
-return sem_admit(holders, meta, queue, ARGV[3], ARGV[4], now, tonumber(ARGV[2]))
+return {1, sem_admit(holders, meta, queue, ARGV[3], ARGV[4], now, tonumber(ARGV[2]))}

@@ -1534,6 +1534,8 @@ class LockBase:
                 return
             if hold.pending is not None:
                 return  # the release in flight finishes the job (see _release_job)
+            if hold.live and self._hand_up(runtime, hold, task):
+                return
             if hold.live:
                 logger.warning(
                     "task %s ended while holding %r; releasing it", task.get_name(), self._name
@@ -1546,6 +1548,40 @@ class LockBase:
 
         hold.task_callback = task_ended
         task.add_done_callback(task_ended)
+
+    def _hand_up(self, runtime: Runtime, hold: Hold, helper: asyncio.Task[Any]) -> bool:
+        """``helper`` returned holding ``hold``: if it ran a coroutine for a task awaiting it in
+        ``asyncio.wait_for`` (a helper task on Python 3.10/3.11), that task receives the hold,
+        as it receives the coroutine's result — ``wait_for(stack.enter_async_context(lock))``,
+        ``wait_for(lock.__aenter__())``, ``wait_for(get())`` around ``await lock.acquire()``.
+        (Without this, the caller was handed ``True`` for a lock released as it returned.) A
+        helper that was cancelled or raised returned nothing: its hold is released."""
+        if helper.cancelled() or helper.exception() is not None:
+            return False
+        waiting = _awaiting_wait_for(helper)
+        if waiting is None or waiting.done():
+            return False
+        theirs = runtime.holds.get((hold.key, waiting))
+        if self._policy.reentrant and theirs is not None and theirs.state is not HoldState.LOST:
+            return False  # it holds the lock already: the helper's hold cannot join it
+        if hold.outer is not None:
+            runtime.holds[(hold.key, helper)] = hold.outer
+        else:
+            del runtime.holds[(hold.key, helper)]
+        hold.outer = theirs
+        runtime.holds[(hold.key, waiting)] = hold
+        self._watch(runtime, hold, waiting)
+        entered = self._entered.pop(helper, None)
+        if entered:
+            self._entered.setdefault(waiting, []).extend(entered)
+        logger.debug(
+            "%r: the hold of wait_for's helper task %s goes to %s, which awaited it",
+            self._name,
+            helper.get_name(),
+            waiting.get_name(),
+        )
+        _end_the_rest(runtime, hold.key, helper)
+        return True
 
     def _forget(self, runtime: Runtime, hold: Hold) -> None:
         top = runtime.holds.get((hold.key, hold.task))

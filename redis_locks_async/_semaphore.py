@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from ._core import Attempt, LockBase, Policy, asyncio_task
 from ._lease import LostCallback
-from ._scripts import Call, Script, ints
+from ._scripts import Call, Script, ints, wrong_type_error
 from ._validation import to_ms
 
 __all__ = ("Semaphore",)
@@ -105,7 +105,10 @@ class SemaphorePolicy(Policy):
         """How many permits are free right now."""
         keys = self.keys
         reply = await SEM_ADMIN.run(client, keys.script_keys, ("free", self.permits, "", "0"))
-        return ints([reply], 1)[0]
+        status, free = ints(reply, 2)
+        if status == -2:
+            raise wrong_type_error(keys.name, "inspect", keys.name)
+        return free
 
 
 @final
@@ -192,9 +195,11 @@ class Semaphore(LockBase):
         keys = policy.keys
         sharded = "1" if runtime.topology.sharded else "0"
         try:
-            await SEM_ADMIN.run(
+            reply = await SEM_ADMIN.run(
                 self._redis, keys.script_keys, ("set", count, keys.channel, sharded)
             )
         except (RedisError, OSError) as exc:
             raise await self._explain(exc, "set permits of") from exc
+        if ints(reply, 2)[0] == -2:
+            raise wrong_type_error(self._name, "set permits of", keys.name)
         self._permits = policy.permits = count

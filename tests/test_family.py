@@ -621,6 +621,56 @@ class TestEveryPrimitive:
         with pytest.raises(LockNotOwnedError):
             await lock.release()  # told once per acquire: then it is no longer held
 
+    @pytest.mark.parametrize("way", ["enter_async_context", "__aenter__", "wrapper"])
+    async def test_a_hold_taken_in_a_wait_for_helper_goes_to_its_caller(
+        self, connect: Connect, make: Make, name: str, way: str
+    ) -> None:
+        """Bug (contract probe, two holders): on Python 3.10/3.11 ``asyncio.wait_for`` runs its
+        coroutine in a helper task. When that coroutine was not ``acquire()`` itself —
+        ``stack.enter_async_context(lock)``, ``lock.__aenter__()``, a coroutine of the
+        caller's around ``await lock.acquire()`` — the helper owned the hold and released it as
+        it returned: the caller had ``True`` (a lease) for a lock the next task then took."""
+        lock = make(connect(), name, lease=5)
+        rival = make(connect(), name, lease=5)
+
+        async def take() -> bool:
+            return await lock.acquire(timeout=5)
+
+        async with contextlib.AsyncExitStack() as stack:
+            if way == "enter_async_context":
+                await asyncio.wait_for(stack.enter_async_context(lock), 5)
+            elif way == "__aenter__":
+                await asyncio.wait_for(lock.__aenter__(), 5)
+                stack.push_async_exit(lock.__aexit__)
+            else:
+                assert await asyncio.wait_for(take(), 5)
+                stack.push_async_callback(lock.release)
+            await asyncio.sleep(0.05)  # the helper task (if any) has ended by now
+            lease = lock.current_lease
+            assert lease is not None and not lease.lost
+            assert not await rival.acquire(blocking=False)
+        assert await rival.acquire(blocking=False)  # the caller's exit released it
+        await rival.release()
+
+    @pytest.mark.skipif(sys.version_info >= (3, 12), reason="wait_for runs no helper task")
+    async def test_a_wait_for_helper_that_fails_holding_releases(
+        self, connect: Connect, make: Make, name: str
+    ) -> None:
+        """The hand-over above is only for a helper that returned: one that raised after
+        acquiring returned nothing to its caller, so its hold is released as before."""
+        lock = make(connect(), name, lease=5)
+        rival = make(connect(), name, lease=5)
+
+        async def take_then_fail() -> None:
+            assert await lock.acquire(timeout=5)
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            await asyncio.wait_for(take_then_fail(), 5)
+        assert lock.current_lease is None
+        assert await rival.acquire(timeout=5)
+        await rival.release()
+
     async def test_a_grant_heard_after_its_claim_window_is_no_hold(
         self,
         proxied: aioredis.Redis,

@@ -276,3 +276,28 @@ class TestProbeFindings:
                     failures.append(f"{key!r} {action}: the lock's hash changed")
                 await client.delete(lock_name, *aux)
         assert not failures, "\n".join(failures)
+
+    @pytest.mark.parametrize(
+        "data",
+        [
+            {"foo": "bar", "n": "1"},
+            {"r:someone": "hello"},  # looks like a reader, is not one
+            {"w": "someone"},  # a writer's field without the rest of a writer
+        ],
+        ids=["plain", "reader-like", "writer-like"],
+    )
+    async def test_a_users_hash_under_the_name_is_refused_and_left_alone(
+        self, client: aioredis.Redis, name: str, data: dict[str, str]
+    ) -> None:
+        """Bug (contract probe, SPEC §3): a user's own hash under a read/write lock's name was
+        taken for an empty lock — both sides acquired it, wrote their fields into it, set a
+        TTL on it, and the release deleted the whole key. Only a ``Lock``'s ``owner`` field
+        counted as foreign; now any field no read/write lock writes does."""
+        await client.hset(name, mapping=data)
+        rw = ReadWriteLock(client, name, lease=5)
+        for side in (rw.read, rw.write):
+            with pytest.raises(LockError, match="is not a lock of this kind") as info:
+                await side.acquire(blocking=False)
+            assert repr(name) in str(info.value)
+        assert await client.hgetall(name) == {k.encode(): v.encode() for k, v in data.items()}
+        assert await client.pttl(name) == -1

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import LockNotOwnedError, Semaphore
+from redis_locks_async import LockError, LockNotOwnedError, Semaphore
 from tests import _introspect as introspect
 
 if TYPE_CHECKING:
@@ -102,3 +102,27 @@ class TestSemaphore:
             await asyncio.sleep(1.0)
             assert not lease.lost, lease.lost_reason
             assert await Semaphore(client, name, 1).locked()
+
+    async def test_a_users_sorted_set_under_the_name_is_refused_and_left_alone(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (contract probe, SPEC §3): a user's sorted set under a semaphore's name was taken
+        for its holders — ``free_permits()`` counted a member scored far ahead as a holder for
+        good, ``acquire`` dropped the members scored in the past as expired leases and set a TTL
+        on the key, ``set_permits`` dropped them too. Now each refuses it with a ``LockError``
+        naming the key, and nothing changes."""
+        scores = {"carol": 5.0, "alice": 100.0, "bob": 9e15}
+        await client.zadd(name, scores)
+        sem = Semaphore(client, name, 5, lease=5)
+        for call, action in (
+            (sem.free_permits, "inspect"),
+            (sem.locked, "inspect"),
+            (lambda: sem.acquire(blocking=False), "acquire"),
+            (lambda: sem.set_permits(3), "set permits of"),
+        ):
+            with pytest.raises(LockError, match=f"cannot {action} .*is not a lock of this kind"):
+                await call()
+        assert await client.zrange(name, 0, -1, withscores=True) == sorted(
+            ((k.encode(), v) for k, v in scores.items()), key=lambda item: item[1]
+        )
+        assert await client.pttl(name) == -1

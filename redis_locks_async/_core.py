@@ -132,7 +132,7 @@ class LockStatistics:
     releases: int  # holds ended by release (inner ones included)
     timeouts: int  # acquire calls that gave up (False or LockTimeout)
     lost: int  # leases lost while held
-    wait_time: float  # seconds waited in total by acquisitions that had to wait
+    wait_time: float  # seconds waited in total (also by waits that timed out or were cancelled)
     waiting: int
     held: int
 
@@ -1421,8 +1421,7 @@ class LockBase:
                         continue  # woken for the deadline's sake, which has not passed
                     break
         finally:
-            if acquired:
-                self._counters.waited += loop.time() - started
+            self._counters.waited += loop.time() - started  # also a wait that timed out
             if one_watcher:
                 # The next waiter watches from now on: until the holds ahead may end — or, if
                 # this waiter now holds the lock, until its lease may end unannounced.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
+from typing import TYPE_CHECKING
 
 import pytest
 import redis.asyncio as aioredis
@@ -26,6 +27,9 @@ from redis_locks_async._core import Attempt
 from redis_locks_async._lock import LockPolicy
 from redis_locks_async._validation import MAX_LEASE
 from tests import _introspect as introspect
+
+if TYPE_CHECKING:
+    from tests.conftest import Connect
 
 
 def test_all_is_exactly_the_public_names() -> None:
@@ -135,6 +139,22 @@ class TestStatistics:
         stats = lock.statistics()
         assert (stats.releases, stats.held, stats.waiting, stats.lost) == (2, 0, 0, 0)
         assert stats.name == name
+
+    async def test_wait_time_counts_a_wait_that_timed_out(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Regression (contract probe): ``wait_time`` is "seconds waited in total" (README), but
+        only waits that ended holding the lock were counted."""
+        holder = Lock(connect(), name)
+        assert await holder.acquire()
+        waiter = Lock(connect(), name)
+        try:
+            assert not await waiter.acquire(timeout=0.3)
+            stats = waiter.statistics()
+            assert stats.timeouts == 1
+            assert 0.25 <= stats.wait_time < 2.0, stats
+        finally:
+            await holder.release()
 
 
 class TestOwnership:

@@ -327,10 +327,40 @@ def _running_task(action: str, name: str) -> asyncio.Task[Any]:
     return task
 
 
+def _pass_through_code() -> object:
+    """The code of anyio's task wrapper (``TaskHandle._run_coro``, anyio ≥ 4.11): it only awaits
+    the coroutine ``start_soon``/``create_task`` was given, so a task it runs ``acquire()`` in
+    ends with ``acquire()`` as surely as one whose own body it is."""
+    global _PASS_THROUGH
+    if _PASS_THROUGH is _UNKNOWN_CODE:
+        try:
+            from anyio._core._tasks import TaskHandle
+
+            _PASS_THROUGH = TaskHandle._run_coro.__code__
+        except (ImportError, AttributeError):
+            _PASS_THROUGH = None
+    return _PASS_THROUGH
+
+
+_UNKNOWN_CODE: Final = object()
+_PASS_THROUGH: object = _UNKNOWN_CODE
+
+
+def _whole_body(task: asyncio.Task[Any], frame: FrameType | None) -> bool:
+    """Whether the coroutine running in ``frame`` is all that ``task`` runs: the task's own
+    coroutine, or the one anyio's task wrapper awaits."""
+    body: FrameType | None = getattr(task.get_coro(), "cr_frame", None)
+    if body is frame:
+        return True
+    if frame is None or body is None or frame.f_back is not body:
+        return False
+    return body.f_code is _pass_through_code()
+
+
 def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
     """The task that owns what the running ``acquire`` (whose frame is ``frame``) takes."""
     task = _running_task("acquire", name)
-    if getattr(task.get_coro(), "cr_frame", None) is not frame:
+    if not _whole_body(task, frame):
         return task
     waiting = _awaiting_wait_for(task)
     if waiting is not None:
@@ -1280,6 +1310,8 @@ class LockBase:
                 return True
             if timeout == 0:
                 return False
+            # It arrived before any task that queued while this attempt was in flight.
+            return await self._wait(runtime, task, owner, deadline, first=True)
         return await self._wait(runtime, task, owner, deadline)
 
     def _adopt(
@@ -1296,7 +1328,13 @@ class LockBase:
         self._hold(runtime, task, owner, reply.token, sent_at + ttl / 1000, ttl < lease_ms)
 
     async def _wait(
-        self, runtime: Runtime, task: asyncio.Task[Any], owner: str, deadline: float | None
+        self,
+        runtime: Runtime,
+        task: asyncio.Task[Any],
+        owner: str,
+        deadline: float | None,
+        *,
+        first: bool = False,
     ) -> bool:
         loop = runtime.loop
         channel = self._policy.keys.channel
@@ -1304,7 +1342,7 @@ class LockBase:
         lot = hub.lot(channel, self._policy.active_waiters)
         one_watcher = self._policy.one_watcher
         waiter = Waiter(loop, owner, watches=one_watcher)
-        lot.join(waiter)
+        lot.join(waiter, first=first)
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False
         # (loop time sent, server time µs) of the last attempt that registered this owner: any
@@ -1348,6 +1386,13 @@ class LockBase:
                         return False
                     homed = hub
                     self._check_open(runtime)
+                ahead = lot.turn_to_register(waiter)
+                if ahead is not None:
+                    # Registrations reach the server (which dates them) in arrival order.
+                    await asyncio.wait((ahead,), timeout=_left(deadline, loop))
+                    if not ahead.done():
+                        return False
+                    continue  # (look again: the lot, the turn)
                 waiter.forget_news()
                 sent_at = loop.time()
                 registered = True
@@ -1356,6 +1401,7 @@ class LockBase:
                 except _Expired:
                     return False
                 except (RedisError, OSError) as exc:
+                    waiter.mark_answered()
                     if not runtime.topology.transient(exc) or _left(deadline, loop) == 0:
                         raise await self._explain(exc, "acquire") from exc
                     delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF) - 1)]
@@ -1363,6 +1409,7 @@ class LockBase:
                     logger.info("waiting for %r: %r; retrying in %.2fs", self._name, exc, delay)
                     await waiter.sleep(_earlier(loop.time() + delay, deadline))
                     continue
+                waiter.mark_answered()
                 failures = 0
                 self._check_reply(reply, "acquire")
                 if reply.status == 1:

@@ -7,6 +7,12 @@ herd, and 10,000 waiting tasks cost nothing while they wait. ``active=1`` is hea
 admission (``Lock``); a primitive that registers every waiter in Redis (``FairLock``) or admits
 several at once (``Semaphore``) asks for more.
 
+Arrival order is kept into Redis: a task whose uncontended attempt failed joins *ahead* of the
+tasks that queued behind that attempt (:meth:`ParkingLot.join`, ``first``), and where several
+waiters talk to Redis, each sends its first (registering) attempt only once the waiter ahead of
+it has had the answer to its own (:meth:`ParkingLot.turn_to_register`) — sent at once over a
+pool of connections, registrations would reach the server, which dates them, in any order.
+
 What releases announce on the lock's channel is decoded by :func:`decode` into one of three
 things, and anything it does not understand is a :class:`Recheck` — never dropped, since a
 dropped announcement would leave waiters sleeping until their lease-bounded timers fire:
@@ -144,6 +150,8 @@ class Waiter:
         "_loop",
         "_news",
         "_signal",
+        "ahead",
+        "answered",
         "bound",
         "grant",
         "owner",
@@ -161,6 +169,11 @@ class Waiter:
         # ParkingLot.watcher; ``Policy.one_watcher``); the others of the lot watch for themselves.
         self.watches = watches
         self.turn: asyncio.Future[None] = loop.create_future()
+        # The waiter that joined just ahead of this one, until this one's first attempt is
+        # answered; and the future the one behind awaits for that (created when asked for;
+        # ParkingLot.turn_to_register).
+        self.ahead: Waiter | None = None
+        self.answered: asyncio.Future[None] | bool = False
         self.grant: Granted | None = None
         self.bound = 0.0  # with News.LATER: the lock cannot be free before this loop time
         self.watch: float | None = None  # when this waiter means to re-check the holds ahead
@@ -182,6 +195,15 @@ class Waiter:
         self.notify(News.GRANTED)
         if not self.turn.done():
             self.turn.set_result(None)
+
+    def mark_answered(self) -> None:
+        """The first attempt was answered, or the waiter leaves: the next may register."""
+        self.ahead = None
+        if isinstance(self.answered, asyncio.Future):
+            if not self.answered.done():
+                self.answered.set_result(None)
+        else:
+            self.answered = True
 
     def forget_news(self) -> None:
         """Drop earlier wake-ups: called just before an attempt, whose reply supersedes them
@@ -228,16 +250,44 @@ class ParkingLot:
     def __len__(self) -> int:
         return len(self.queue)
 
-    def join(self, waiter: Waiter) -> None:
-        """Queue ``waiter``; its ``turn`` resolves once it is among the active ones."""
-        self.queue.append(waiter)
+    def join(self, waiter: Waiter, *, first: bool = False) -> None:
+        """Queue ``waiter``; its ``turn`` resolves once it is among the active ones.
+        ``first``: at the front — a task whose uncontended attempt was answered "held" arrived
+        before every task that queued while that attempt was in flight (none of which has
+        talked to Redis yet: they wait for the attempt to end), so it goes ahead of them, and
+        one pushed out of the active ones waits for its turn again."""
         self.by_owner[waiter.owner] = waiter
-        if len(self.queue) <= self._active:
-            waiter.turn.set_result(None)
+        if not first:
+            waiter.ahead = self.queue[-1] if self.queue else None
+            self.queue.append(waiter)
+            if len(self.queue) <= self._active:
+                waiter.turn.set_result(None)
+            return
+        if self.queue:
+            self.queue[0].ahead = waiter
+        self.queue.appendleft(waiter)
+        waiter.turn.set_result(None)
+        if len(self.queue) > self._active:
+            pushed = self.queue[self._active]
+            if pushed.turn.done():
+                pushed.turn = asyncio.get_running_loop().create_future()
+
+    @staticmethod
+    def turn_to_register(waiter: Waiter) -> asyncio.Future[None] | None:
+        """What ``waiter`` awaits before its first attempt: the answer to the first attempt of
+        the waiter that joined ahead of it (``None``: nothing to wait for)."""
+        ahead = waiter.ahead
+        if ahead is None or ahead.answered is True:
+            return None
+        if ahead.answered is False:
+            ahead.answered = asyncio.get_running_loop().create_future()
+        assert isinstance(ahead.answered, asyncio.Future)
+        return None if ahead.answered.done() else ahead.answered
 
     def leave(self, waiter: Waiter) -> None:
         """Take ``waiter`` off the queue (synchronous: safe in ``finally``); the next in line
         becomes active."""
+        waiter.mark_answered()
         if self.by_owner.get(waiter.owner) is waiter:
             del self.by_owner[waiter.owner]
         try:

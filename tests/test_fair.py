@@ -8,6 +8,7 @@ from asyncio import FIRST_COMPLETED
 from collections import Counter
 from typing import TYPE_CHECKING
 
+import pytest
 import redis.asyncio as aioredis
 
 from redis_locks_async import FairLock, Lease, Lock
@@ -45,6 +46,40 @@ class TestFairLock:
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert order == list(range(6))
         assert not await client.exists(name)
+
+    @pytest.mark.parametrize("kind", [Lock, FairLock], ids=lambda k: k.__name__)
+    async def test_tasks_arriving_together_are_served_in_call_order(
+        self, connect: Connect, client: aioredis.Redis, name: str, kind: type[Lock]
+    ) -> None:
+        """Bug (contract probe): tasks of one process that call ``acquire()`` one right after
+        the other while the lock is held were served out of order. The first one's attempt was
+        still in flight as the others queued, and it queued behind them when it came back
+        "held" (``Lock``, whose waiting line is local: FIFO per process); and the waiters of a
+        ``FairLock`` sent their registrations at once, over several connections, so the server
+        dated them in any order."""
+        own = connect()
+        holder = kind(connect(), name, lease=10)
+        assert await holder.acquire()
+        lock = kind(own, name, lease=10)
+        assert not await lock.acquire(blocking=False)  # the connections and pub/sub are warm
+        calls: list[int] = []
+        grants: list[int] = []
+
+        async def waiter(i: int) -> None:
+            calls.append(i)
+            async with lock:
+                grants.append(i)
+                await asyncio.sleep(0.002)
+
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await asyncio.sleep(0)  # task i runs into acquire() before task i + 1 exists
+            assert len(calls) == i + 1
+        await asyncio.sleep(0.3)  # everybody waits now
+        await holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert grants == calls == list(range(5))
 
     async def test_a_newcomer_never_barges_in(
         self, connect: Connect, client: aioredis.Redis, name: str
@@ -271,20 +306,22 @@ class TestWatchHandOver:
         assert not await FairLock(proxied, name).acquire(timeout=0.2)
         await asyncio.gather(*(proxied.ping() for _ in range(4)))  # connections ready in the pool
         fault_proxy.hold_replies()
-        # `follower` makes the one uncontended attempt (its reply held), so `first`, arriving
-        # meanwhile, is the first in the parking lot; `follower` queues behind it.
-        follower = HoldingTask(FairLock(proxied, name, lease=60.0), timeout=30)
+        # `first` makes the one uncontended attempt (its reply held); `follower`, arriving
+        # meanwhile, queues in the parking lot, and `first` goes ahead of it when that reply
+        # comes back "held". (Registrations go out in that order: the follower's waits for the
+        # answer to the first's.)
+        first = HoldingTask(FairLock(proxied, name, lease=7.777))
         await fault_proxy.wait_held()
         await asyncio.sleep(0.05)  # the proxy waits to deliver it (so a release delivers it)
-        first = HoldingTask(FairLock(proxied, name, lease=7.777))
-        await until(lambda: introspect.local_waiters(proxied) == 1, what="first in the lot")
-        fault_proxy.release_replies()  # the follower's "try" answer, and only that:
-        fault_proxy.hold_replies()  # both registering attempts' replies are held
-        await introspect.until_registered(client, name, 2)
+        follower = HoldingTask(FairLock(proxied, name, lease=60.0), timeout=30)
+        await until(lambda: introspect.local_waiters(proxied) == 1, what="follower in the lot")
+        fault_proxy.release_replies()  # the first's "try" answer, and only that:
+        fault_proxy.hold_replies()  # its registering attempt's reply is held
+        await introspect.until_registered(client, name, 1)
         assert fault_proxy.blackhole_where(b"$4\r\n7777\r\n") == 1  # `first` never hears back
         fault_proxy.release_replies()
-        await until(lambda: fault_proxy.stats.bytes_pending_down == 0, what="replies delivered")
-        await asyncio.sleep(0.1)  # the follower has read its reply: it follows `first`
+        await asyncio.sleep(0.1)
+        assert await introspect.registered_count(client, name) == 1  # the follower waits its turn
         await first.cancel()
         # The holder's lease ends in ~4 s, unannounced; the follower is the one left to watch.
         assert await follower.wait_acquired(within=15) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import secrets
 from typing import TYPE_CHECKING
@@ -158,6 +159,30 @@ class TestStatistics:
 
 
 class TestOwnership:
+    async def test_wait_for_around_a_coroutine_that_acquires(
+        self, connect: Connect, name: str
+    ) -> None:
+        """The ``Lock`` case of ``test_family``'s wait_for-helper regression (two holders on
+        Python 3.10/3.11), here so that the 3.10 subset runs it."""
+        lock, rival = Lock(connect(), name), Lock(connect(), name)
+
+        async def take() -> bool:
+            return await lock.acquire(timeout=5)
+
+        for enter in ("exit stack", "wrapper"):
+            async with contextlib.AsyncExitStack() as stack:
+                if enter == "exit stack":
+                    await asyncio.wait_for(stack.enter_async_context(lock), 5)
+                else:
+                    assert await asyncio.wait_for(take(), 5)
+                    stack.push_async_callback(lock.release)
+                await asyncio.sleep(0.05)  # the helper task (if any) has ended by now
+                lease = lock.current_lease
+                assert lease is not None and not lease.lost
+                assert not await rival.acquire(blocking=False)
+            assert await rival.acquire(blocking=False)
+            await rival.release()
+
     async def test_reentrant_in_one_task(self, client: aioredis.Redis, name: str) -> None:
         lock = Lock(client, name)
         async with lock as outer:

@@ -571,6 +571,35 @@ class TestTwoHolders:
         assert await is_free(client, name)
         assert not introspect.held_leases(client)
 
+    async def test_acquire_as_the_whole_of_an_anyio_task_is_refused(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (contract probe): anyio (≥ 4.11) runs a task group's child in a wrapper that
+        awaits it, so ``tg.start_soon(lock.acquire)`` was not seen as a task whose whole body is
+        ``acquire()``: the lock was taken and released as the task ended, with a warning, where
+        ``asyncio.create_task(lock.acquire())`` raises ``LockError``."""
+        lock = Lock(client, name)
+        caught: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(lock.acquire)
+        except BaseException as exc:  # an exception group (a backport's on Python 3.10)
+            caught = exc
+        assert caught is not None, "not refused"
+        inner = getattr(caught, "exceptions", (caught,))
+        assert any(isinstance(exc, LockError) for exc in inner), repr(caught)
+        await introspect.drain(client)
+        assert await is_free(client, name)
+        assert not introspect.held_leases(client)
+
+        async def work() -> None:  # a task that works under the lock is of course fine
+            async with lock:
+                assert lock.owned()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(work)
+        assert await is_free(client, name)
+
     async def test_cancel_during_inner_release(
         self, proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
     ) -> None:

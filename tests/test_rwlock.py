@@ -293,7 +293,7 @@ class TestProbeFindings:
         taken for an empty lock — both sides acquired it, wrote their fields into it, set a
         TTL on it, and the release deleted the whole key. Only a ``Lock``'s ``owner`` field
         counted as foreign; now any field no read/write lock writes does."""
-        await client.hset(name, mapping=data)
+        await client.hset(name, mapping=data)  # type: ignore[arg-type]
         rw = ReadWriteLock(client, name, lease=5)
         for side in (rw.read, rw.write):
             with pytest.raises(LockError, match="is not a lock of this kind") as info:

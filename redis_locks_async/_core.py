@@ -196,6 +196,11 @@ class Policy(ABC):
     # unannounced is enough — the first such waiter in the parking lot; the others only keep
     # their registrations alive (and the next one takes over the watch when the first leaves).
     one_watcher: ClassVar[bool] = False
+    # True when the server's order of registrations is the order of grants (FairLock): the
+    # waiters of a process then register one after the other, in the order they arrived
+    # (ParkingLot.turn_to_register) — sent at once, they would reach the server in any order.
+    # It costs a round trip per waiter of a burst, so only a policy that promises FIFO asks.
+    ordered_registration: ClassVar[bool] = False
     reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
 
     __slots__ = ("keys",)
@@ -1341,6 +1346,7 @@ class LockBase:
         hub = runtime.hub(channel)
         lot = hub.lot(channel, self._policy.active_waiters)
         one_watcher = self._policy.one_watcher
+        ordered = self._policy.ordered_registration
         waiter = Waiter(loop, owner, watches=one_watcher)
         lot.join(waiter, first=first)
         registered = False  # an attempt that may have registered this owner was sent
@@ -1386,7 +1392,7 @@ class LockBase:
                         return False
                     homed = hub
                     self._check_open(runtime)
-                ahead = lot.turn_to_register(waiter)
+                ahead = lot.turn_to_register(waiter) if ordered else None
                 if ahead is not None:
                     # Registrations reach the server (which dates them) in arrival order.
                     await asyncio.wait((ahead,), timeout=_left(deadline, loop))

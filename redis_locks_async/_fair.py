@@ -37,6 +37,7 @@ class FairLockPolicy(HashLockPolicy):
     kind = "fair"
     active_waiters = 1 << 30  # every local waiter registers in Redis
     one_watcher = True  # fair_acquire.lua hands a free lock to the first in line
+    ordered_registration = True  # granted in the order the server dated the registrations
     __slots__ = ()
 
     def attempt(self, a: Attempt) -> Call:

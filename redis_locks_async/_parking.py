@@ -8,10 +8,11 @@ admission (``Lock``); a primitive that registers every waiter in Redis (``FairLo
 several at once (``Semaphore``) asks for more.
 
 Arrival order is kept into Redis: a task whose uncontended attempt failed joins *ahead* of the
-tasks that queued behind that attempt (:meth:`ParkingLot.join`, ``first``), and where several
-waiters talk to Redis, each sends its first (registering) attempt only once the waiter ahead of
-it has had the answer to its own (:meth:`ParkingLot.turn_to_register`) — sent at once over a
-pool of connections, registrations would reach the server, which dates them, in any order.
+tasks that queued behind that attempt (:meth:`ParkingLot.join`, ``first``); and where the
+server grants in the order it dated the registrations (``FairLock``:
+``Policy.ordered_registration``), each waiter sends its first (registering) attempt only once
+the waiter ahead of it has had the answer to its own (:meth:`ParkingLot.turn_to_register`) —
+sent at once over a pool of connections, registrations would reach the server in any order.
 
 What releases announce on the lock's channel is decoded by :func:`decode` into one of three
 things, and anything it does not understand is a :class:`Recheck` — never dropped, since a

@@ -289,6 +289,28 @@ def _is_async_client(redis: object) -> bool:
 _WAIT_FOR_CODE: Final = asyncio.wait_for.__code__
 
 
+_HELPER_TASKS: Final = sys.version_info < (3, 12)  # wait_for runs a coroutine in a task
+_RELEASE_WAITER: Final = getattr(asyncio.tasks, "_release_waiter", None)
+
+
+def _wait_for_caller(task: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
+    """The task awaiting ``asyncio.wait_for`` on ``task`` (Python 3.10/3.11), found cheaply:
+    ``wait_for`` puts a ``_release_waiter(waiter)`` callback on the task it awaits, and the
+    caller awaits ``waiter``. ``None`` when ``task`` is no such helper (or asyncio's inner
+    workings differ)."""
+    for entry in getattr(task, "_callbacks", None) or ():
+        callback = entry[0] if isinstance(entry, tuple) else entry
+        if getattr(callback, "func", None) is not _RELEASE_WAITER or _RELEASE_WAITER is None:
+            continue
+        waiter = callback.args[0] if getattr(callback, "args", None) else None
+        for inner in getattr(waiter, "_callbacks", None) or ():
+            wakeup = inner[0] if isinstance(inner, tuple) else inner
+            caller = getattr(wakeup, "__self__", None)
+            if isinstance(caller, asyncio.Task) and caller is not task:
+                return caller
+    return None
+
+
 def _awaiting_wait_for(helper: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
     """The task suspended in ``asyncio.wait_for`` on ``helper``, if any."""
     for task in asyncio.all_tasks():
@@ -1305,6 +1327,10 @@ class LockBase:
                         name=self._name,
                     ) from None
                 return False
+            except MaxConnectionsError as exc:
+                if timeout == 0:
+                    raise await self._explain(exc, "acquire") from exc
+                return False  # no connection freed up within the timeout: a timeout
             except (RedisError, OSError) as exc:
                 raise await self._explain(exc, "acquire") from exc
             finally:
@@ -1408,6 +1434,8 @@ class LockBase:
                     return False
                 except (RedisError, OSError) as exc:
                     waiter.mark_answered()
+                    if isinstance(exc, MaxConnectionsError):
+                        return False  # no connection freed up within the timeout: a timeout
                     if not runtime.topology.transient(exc) or _left(deadline, loop) == 0:
                         raise await self._explain(exc, "acquire") from exc
                     delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF) - 1)]
@@ -1571,6 +1599,8 @@ class LockBase:
         # underneath, to be its hold again when this one ends.
         hold.outer = runtime.holds.get((hold.key, task))
         runtime.holds[(hold.key, task)] = hold
+        if _HELPER_TASKS:
+            hold.heir = _wait_for_caller(task)
         runtime.keeper.add(hold)
         self._watch(runtime, hold, task)
         return hold
@@ -1603,15 +1633,22 @@ class LockBase:
 
     def _hand_up(self, runtime: Runtime, hold: Hold, helper: asyncio.Task[Any]) -> bool:
         """``helper`` returned holding ``hold``: if it ran a coroutine for a task awaiting it in
-        ``asyncio.wait_for`` (a helper task on Python 3.10/3.11), that task receives the hold,
-        as it receives the coroutine's result — ``wait_for(stack.enter_async_context(lock))``,
-        ``wait_for(lock.__aenter__())``, ``wait_for(get())`` around ``await lock.acquire()``.
-        (Without this, the caller was handed ``True`` for a lock released as it returned.) A
-        helper that was cancelled or raised returned nothing: its hold is released."""
+        ``asyncio.wait_for`` (a helper task on Python 3.10/3.11; :attr:`Hold.heir`) and returned
+        the lock — ``True`` or this hold's :class:`Lease`: ``wait_for(lock.__aenter__())``,
+        ``wait_for(stack.enter_async_context(lock))``, ``wait_for(get())`` around ``return await
+        lock.acquire()`` — that task receives the hold with the result. (Without this, the
+        caller had ``True`` for a lock released as the helper ended.) The heir was noted when
+        the hold was taken: ``wait_for`` may have returned already (its caller cancelled as the
+        helper finished returns the result all the same). A helper that was cancelled, raised,
+        or returned something else (a task of the application's that forgot to release) is a
+        task that ended holding the lock: its hold is released."""
+        waiting = hold.heir
+        if waiting is None or waiting.done():
+            return False
         if helper.cancelled() or helper.exception() is not None:
             return False
-        waiting = _awaiting_wait_for(helper)
-        if waiting is None or waiting.done():
+        result = helper.result()
+        if result is not True and not (isinstance(result, Lease) and result._hold is hold):
             return False
         theirs = runtime.holds.get((hold.key, waiting))
         if self._policy.reentrant and theirs is not None and theirs.state is not HoldState.LOST:
@@ -1621,11 +1658,15 @@ class LockBase:
         else:
             del runtime.holds[(hold.key, helper)]
         hold.outer = theirs
+        hold.heir = None
         runtime.holds[(hold.key, waiting)] = hold
         self._watch(runtime, hold, waiting)
         entered = self._entered.pop(helper, None)
         if entered:
             self._entered.setdefault(waiting, []).extend(entered)
+        guards = hold.guards.pop(helper, 0)
+        if guards:  # guarded() entered in the helper: the heir's block is the guarded one now
+            hold.guards[waiting] = hold.guards.get(waiting, 0) + guards
         logger.debug(
             "%r: the hold of wait_for's helper task %s goes to %s, which awaited it",
             self._name,
@@ -2036,6 +2077,8 @@ class _Guarded:
     ) -> None:
         hold, task = self._hold, self._task
         assert hold is not None and task is not None
+        if task.done() and hold.task is not task and task not in hold.guards:
+            task = hold.task  # entered in wait_for's helper, which handed the hold up (_hand_up)
         count = hold.guards.get(task, 0) - 1
         if count > 0:
             hold.guards[task] = count

@@ -78,6 +78,7 @@ class Hold:
         "fencing_token",
         "floor",
         "guards",
+        "heir",
         "judged",
         "key",
         "kind",
@@ -163,6 +164,10 @@ class Hold:
         self.lost_reason = ""
         self.replicas: int | None = None  # replicas that acknowledged it (replica sync)
         self.guards: dict[asyncio.Task[Any], int] = {}
+        # The task awaiting ``asyncio.wait_for`` on ``task`` when it took the hold (Python
+        # 3.10/3.11 run the awaited coroutine in a helper task): it receives the hold if the
+        # helper returns holding it (LockBase._hand_up).
+        self.heir: asyncio.Task[Any] | None = None
         self.view = Lease(self)
         # Telemetry (set when a sink is installed): the lock's class name, when it was taken.
         self.kind = ""

@@ -652,6 +652,87 @@ class TestEveryPrimitive:
         assert await rival.acquire(blocking=False)  # the caller's exit released it
         await rival.release()
 
+    async def test_a_wait_for_caller_cancelled_as_the_helper_returns_still_holds(
+        self, connect: Connect, make: Make, name: str
+    ) -> None:
+        """Bug (attack on the hand-up above, two holders): the task awaiting ``wait_for`` was
+        cancelled in the loop iteration in which the helper returned holding the lock;
+        ``wait_for`` (3.10/3.11) then returns the result anyway — but the caller had left
+        ``wait_for`` when the helper's end was handled, so it was not found and the hold was
+        released: the caller held ``True`` for a free lock. The heir is noted when the hold
+        is taken."""
+        lock = make(connect(), name, lease=5)
+        rival = make(connect(), name, lease=5)
+        gate = asyncio.get_running_loop().create_future()
+        tasks: dict[str, asyncio.Task[None]] = {}
+        outcome: dict[str, object] = {}
+
+        async def cancel_the_caller() -> None:
+            await gate  # its callback was added first: it runs just before the helper's step
+            tasks["caller"].cancel()
+
+        async def take() -> bool:
+            got = await lock.acquire(timeout=5)
+            await gate  # the helper's last step runs in the same iteration
+            return got
+
+        async def caller() -> None:
+            try:
+                outcome["got"] = await asyncio.wait_for(take(), 10)
+            except asyncio.CancelledError:
+                outcome["got"] = "cancelled"
+                return
+            await asyncio.sleep(0.1)
+            outcome["owned"] = lock.owned()
+            outcome["rival"] = await rival.acquire(blocking=False)
+            await lock.release()
+
+        tasks["canceller"] = asyncio.create_task(cancel_the_caller())
+        await asyncio.sleep(0)
+        tasks["caller"] = asyncio.create_task(caller())
+        await asyncio.sleep(0.3)  # the lock is taken; the helper waits at the gate
+        gate.set_result(None)
+        await asyncio.wait_for(asyncio.gather(*tasks.values()), 10)
+        if outcome["got"] != "cancelled":  # (3.12+: the cancellation wins)
+            assert outcome == {"got": True, "owned": True, "rival": False}, outcome
+
+    async def test_a_task_of_the_application_that_ends_holding_releases_under_wait_for(
+        self, connect: Connect, make: Make, name: str
+    ) -> None:
+        """Bug (attack on the hand-up above, a leak): a task the application created and awaited
+        with ``wait_for``, which took the lock and returned something else, forgetting to
+        release, handed its hold to the awaiting task — renewed for as long as that one lived.
+        Only a helper that returns the lock (``True`` or its lease) hands it up."""
+        lock = make(connect(), name, lease=1)
+        rival = make(connect(), name, lease=1)
+
+        async def work() -> str:
+            assert await lock.acquire(timeout=5)
+            return "done"
+
+        worker = asyncio.create_task(work())
+        assert await asyncio.wait_for(worker, 10) == "done"
+        await asyncio.sleep(0.05)
+        assert not lock.owned()
+        assert await rival.acquire(timeout=5)
+        await rival.release()
+
+    async def test_guarded_entered_through_wait_for_is_cancelled_on_loss(
+        self, client: aioredis.Redis, connect: Connect, make: Make, kind: str, name: str
+    ) -> None:
+        """Bug (attack on the hand-up above): ``wait_for(stack.enter_async_context(
+        lock.guarded()))`` — the hand-up moved the hold but not the guard, so when the lease
+        was lost the cancellation went to the helper that had ended, and the block ran on."""
+        lock = make(connect(), name, lease=1)
+        ran_on = False
+        with pytest.raises(LockLostError):
+            async with contextlib.AsyncExitStack() as stack:
+                await asyncio.wait_for(stack.enter_async_context(lock.guarded()), 5)
+                await client.delete(name)  # the lease is lost at the next renewal
+                await asyncio.sleep(3)
+                ran_on = True
+        assert not ran_on
+
     @pytest.mark.skipif(sys.version_info >= (3, 12), reason="wait_for runs no helper task")
     async def test_a_wait_for_helper_that_fails_holding_releases(
         self, connect: Connect, make: Make, name: str

@@ -126,3 +126,32 @@ class TestSemaphore:
             ((k.encode(), v) for k, v in scores.items()), key=lambda item: item[1]
         )
         assert await client.pttl(name) == -1
+
+    async def test_a_pool_that_never_frees_up_in_time_is_a_timeout(
+        self, redis_url: str, name: str
+    ) -> None:
+        """Bug (attack pass): when the caller's timeout ran out while it waited for a free
+        connection of a full pool (back-pressure, README *Connections*), ``acquire(timeout=t)``
+        raised ``LockError("… Too many connections")`` instead of returning ``False``."""
+        small = aioredis.Redis.from_url(redis_url, max_connections=4)
+        try:
+            lock = Semaphore(small, name, 3)
+            outcomes: list[object] = []
+
+            async def attempt(i: int) -> None:
+                try:
+                    got = await lock.acquire(timeout=0.05 if i % 2 else 2)
+                except LockError as exc:
+                    outcomes.append(exc)
+                    return
+                outcomes.append(got)
+                if got:
+                    await asyncio.sleep(0.001)
+                    await lock.release()
+
+            await asyncio.gather(*(attempt(i) for i in range(300)))
+            errors = [o for o in outcomes if isinstance(o, Exception)]
+            assert not errors, errors[:3]
+            assert True in outcomes and False in outcomes
+        finally:
+            await small.aclose()

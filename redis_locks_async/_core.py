@@ -54,7 +54,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, NoReturn, TypeVar, final
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Final,
+    NamedTuple,
+    NoReturn,
+    TypeVar,
+    cast,
+    final,
+)
 
 from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
@@ -306,8 +316,10 @@ def _wait_for_caller(task: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
         for inner in getattr(waiter, "_callbacks", None) or ():
             wakeup = inner[0] if isinstance(inner, tuple) else inner
             caller = getattr(wakeup, "__self__", None)
-            if isinstance(caller, asyncio.Task) and caller is not task:
-                return caller
+            # Duck-typed: asyncio's pure-Python Task is no subclass of the C one, and the
+            # Task of backports.asyncio.runner (pytest-asyncio on 3.10) is not even a Future.
+            if callable(getattr(caller, "get_coro", None)) and caller is not task:
+                return cast("asyncio.Task[Any]", caller)
     return None
 
 

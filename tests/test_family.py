@@ -45,6 +45,7 @@ from redis_locks_async._semaphore import SEM_RENEW
 from tests import _introspect as introspect
 from tests._lockworker import Primitive, make_lock
 from tests._workers import Hold, Spawn, assert_exclusive, contend, readline, worker_process
+from tests.test_lock import WAIT_FOR_WAYS, assert_wait_for_hands_the_hold_up
 from tests.test_lock_faults import HoldingTask, finish, settle, step, until
 
 if TYPE_CHECKING:
@@ -621,7 +622,7 @@ class TestEveryPrimitive:
         with pytest.raises(LockNotOwnedError):
             await lock.release()  # told once per acquire: then it is no longer held
 
-    @pytest.mark.parametrize("way", ["enter_async_context", "__aenter__", "wrapper"])
+    @pytest.mark.parametrize("way", WAIT_FOR_WAYS)
     async def test_a_hold_taken_in_a_wait_for_helper_goes_to_its_caller(
         self, connect: Connect, make: Make, name: str, way: str
     ) -> None:
@@ -632,25 +633,7 @@ class TestEveryPrimitive:
         it returned: the caller had ``True`` (a lease) for a lock the next task then took."""
         lock = make(connect(), name, lease=5)
         rival = make(connect(), name, lease=5)
-
-        async def take() -> bool:
-            return await lock.acquire(timeout=5)
-
-        async with contextlib.AsyncExitStack() as stack:
-            if way == "enter_async_context":
-                await asyncio.wait_for(stack.enter_async_context(lock), 5)
-            elif way == "__aenter__":
-                await asyncio.wait_for(lock.__aenter__(), 5)
-                stack.push_async_exit(lock.__aexit__)
-            else:
-                assert await asyncio.wait_for(take(), 5)
-                stack.push_async_callback(lock.release)
-            await asyncio.sleep(0.05)  # the helper task (if any) has ended by now
-            lease = lock.current_lease
-            assert lease is not None and not lease.lost
-            assert not await rival.acquire(blocking=False)
-        assert await rival.acquire(blocking=False)  # the caller's exit released it
-        await rival.release()
+        await assert_wait_for_hands_the_hold_up(lock, rival, way)
 
     async def test_a_wait_for_caller_cancelled_as_the_helper_returns_still_holds(
         self, connect: Connect, make: Make, name: str

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import math
 import secrets
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import pytest
 import redis.asyncio as aioredis
@@ -28,6 +28,7 @@ from redis_locks_async._core import Attempt
 from redis_locks_async._lock import LockPolicy
 from redis_locks_async._validation import MAX_LEASE
 from tests import _introspect as introspect
+from tests._lockworker import Primitive
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -165,23 +166,8 @@ class TestOwnership:
         """The ``Lock`` case of ``test_family``'s wait_for-helper regression (two holders on
         Python 3.10/3.11), here so that the 3.10 subset runs it."""
         lock, rival = Lock(connect(), name), Lock(connect(), name)
-
-        async def take() -> bool:
-            return await lock.acquire(timeout=5)
-
-        for enter in ("exit stack", "wrapper"):
-            async with contextlib.AsyncExitStack() as stack:
-                if enter == "exit stack":
-                    await asyncio.wait_for(stack.enter_async_context(lock), 5)
-                else:
-                    assert await asyncio.wait_for(take(), 5)
-                    stack.push_async_callback(lock.release)
-                await asyncio.sleep(0.05)  # the helper task (if any) has ended by now
-                lease = lock.current_lease
-                assert lease is not None and not lease.lost
-                assert not await rival.acquire(blocking=False)
-            assert await rival.acquire(blocking=False)
-            await rival.release()
+        for way in WAIT_FOR_WAYS:
+            await assert_wait_for_hands_the_hold_up(lock, rival, way)
 
     async def test_reentrant_in_one_task(self, client: aioredis.Redis, name: str) -> None:
         lock = Lock(client, name)
@@ -491,6 +477,34 @@ class TestWaiting:
                 assert loop.time() - started < 1.4
         finally:
             await holder.aclose()
+
+
+WAIT_FOR_WAYS: Final = ("enter_async_context", "__aenter__", "wrapper")
+
+
+async def assert_wait_for_hands_the_hold_up(lock: Primitive, rival: Primitive, way: str) -> None:
+    """``lock`` taken through ``asyncio.wait_for`` in one of :data:`WAIT_FOR_WAYS` (a helper
+    task on Python 3.10/3.11) is the caller's: held after the helper ended, kept from ``rival``,
+    and released by the caller's exit."""
+
+    async def take() -> bool:
+        return await lock.acquire(timeout=5)
+
+    async with contextlib.AsyncExitStack() as stack:
+        if way == "enter_async_context":
+            await asyncio.wait_for(stack.enter_async_context(lock), 5)
+        elif way == "__aenter__":
+            await asyncio.wait_for(lock.__aenter__(), 5)
+            stack.push_async_exit(lock.__aexit__)
+        else:
+            assert await asyncio.wait_for(take(), 5)
+            stack.push_async_callback(lock.release)
+        await asyncio.sleep(0.05)  # the helper task (if any) has ended by now
+        lease = lock.current_lease
+        assert lease is not None and not lease.lost
+        assert not await rival.acquire(blocking=False)
+    assert await rival.acquire(blocking=False)  # the caller's exit released it
+    await rival.release()
 
 
 async def _acquiring(lock: Lock, timeout: float) -> bool:

@@ -1027,13 +1027,7 @@ class LockBase:
                 "first",
                 name=self._name,
             )
-        if hold.outer is not None:
-            runtime.holds[(hold.key, current)] = hold.outer
-        else:
-            del runtime.holds[(hold.key, current)]
-        hold.outer = runtime.holds.get((hold.key, task))
-        runtime.holds[(hold.key, task)] = hold
-        self._watch(runtime, hold, task)
+        self._move(runtime, hold, current, task)
         return hold.view
 
     def guarded(self) -> _Guarded:
@@ -1643,6 +1637,19 @@ class LockBase:
         hold.task_callback = task_ended
         task.add_done_callback(task_ended)
 
+    def _move(
+        self, runtime: Runtime, hold: Hold, source: asyncio.Task[Any], target: asyncio.Task[Any]
+    ) -> None:
+        """Make ``hold`` ``target``'s (on top of what it holds of the lock), no longer
+        ``source``'s (whose earlier hold, if any, is its own again)."""
+        if hold.outer is not None:
+            runtime.holds[(hold.key, source)] = hold.outer
+        else:
+            del runtime.holds[(hold.key, source)]
+        hold.outer = runtime.holds.get((hold.key, target))
+        runtime.holds[(hold.key, target)] = hold
+        self._watch(runtime, hold, target)
+
     def _hand_up(self, runtime: Runtime, hold: Hold, helper: asyncio.Task[Any]) -> bool:
         """``helper`` returned holding ``hold``: if it ran a coroutine for a task awaiting it in
         ``asyncio.wait_for`` (a helper task on Python 3.10/3.11; :attr:`Hold.heir`) and returned
@@ -1665,14 +1672,8 @@ class LockBase:
         theirs = runtime.holds.get((hold.key, waiting))
         if self._policy.reentrant and theirs is not None and theirs.state is not HoldState.LOST:
             return False  # it holds the lock already: the helper's hold cannot join it
-        if hold.outer is not None:
-            runtime.holds[(hold.key, helper)] = hold.outer
-        else:
-            del runtime.holds[(hold.key, helper)]
-        hold.outer = theirs
         hold.heir = None
-        runtime.holds[(hold.key, waiting)] = hold
-        self._watch(runtime, hold, waiting)
+        self._move(runtime, hold, helper, waiting)
         entered = self._entered.pop(helper, None)
         if entered:
             self._entered.setdefault(waiting, []).extend(entered)

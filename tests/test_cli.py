@@ -508,6 +508,94 @@ class TestArguments:
         err = capsys.readouterr().err
         assert "s3cret-pw" not in err and ":***@" in err, err
 
+    @pytest.mark.parametrize("command", ["inspect", "list", "force-unlock"])
+    def test_errors_never_show_a_password_given_as_a_query_parameter(
+        self, command: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Regression (contract probe, stop 19): redis-py also reads the password from the
+        URL's query (``?password=…``), and the error messages printed that one in full."""
+        port = free_port()
+        argv = {
+            "inspect": ["inspect", "x"],
+            "list": ["list"],
+            "force-unlock": ["force-unlock", "x", "--yes"],
+        }[command]
+        for url in (
+            f"redis://127.0.0.1:{port}/0?password=s3cret-pw",
+            f"redis://127.0.0.1:{port}/0?username=u&password=s3cret%2Dpw",
+            "unix:///nonexistent/redis.sock?password=s3cret-pw",
+        ):
+            assert main([*argv, "--url", url]) == 2
+            err = capsys.readouterr().err
+            assert "error:" in err and "s3cret" not in err and "password=***" in err, err
+
+    @pytest.mark.parametrize("command", [["inspect"], ["force-unlock", "--yes"], ["list"]])
+    def test_an_argument_that_is_not_utf8_exits_2(self, command: list[str], tmp_path: Path) -> None:
+        """Regression (contract probe, stop 19): a NAME or PATTERN that is not valid UTF-8
+        crashed the command with a UnicodeEncodeError traceback and exit code 1, which means
+        "not held" / "none found"."""
+        result = subprocess.run(
+            [sys.executable, "-m", "redis_locks_async", command[0], b"bad\xffname", *command[1:]],
+            capture_output=True,
+            cwd=ROOT,
+            env={**_env(), "REDIS_URL": f"redis://127.0.0.1:{free_port()}"},
+            timeout=CLI_TIMEOUT,
+        )
+        assert result.returncode == 2, result
+        assert b"not valid UTF-8" in result.stderr and b"Traceback" not in result.stderr
+
+    async def test_output_a_terminal_cannot_encode_or_a_closed_pipe(
+        self, redis_url: str, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (contract probe, stop 19): under a C locale (ASCII output) a held lock
+        with a non-ASCII name crashed ``inspect`` with exit code 1 ("not held"), ``list`` and
+        ``force-unlock`` likewise; output into a closed pipe did the same. The name is printed
+        escaped now, and a closed pipe is an error (2)."""
+        unicode_name = name + ":名前"
+        lock = Lock(client, unicode_name)
+        async with lock:
+            c_locale = {**_env(), "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "redis_locks_async",
+                "inspect",
+                unicode_name,
+                "--url",
+                redis_url,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=ROOT,
+                env=c_locale,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT)
+            assert proc.returncode == 0, (out, err)
+            assert b"\\u540d\\u524d" in out and b"Traceback" not in err
+
+            read, write = os.pipe()
+            os.close(read)  # the reader is gone before anything is written
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "redis_locks_async",
+                    "inspect",
+                    "-v",
+                    "--json",
+                    unicode_name,
+                    "--url",
+                    redis_url,
+                    stdout=write,
+                    stderr=subprocess.PIPE,
+                    cwd=ROOT,
+                    env=_env(),
+                )
+            finally:
+                os.close(write)
+            _, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT)
+            assert proc.returncode == 2, err
+            assert b"Traceback" not in err
+
     def test_help_explains_force_unlock_and_url_default(
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -22,16 +22,29 @@ from typing import Final
 __all__ = ("main",)
 
 PROG: Final = "redis-locks"
+EXIT_ERROR: Final = 2  # what every command exits with on an error (bad arguments included)
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        # A name the terminal's encoding cannot show (a C locale, say) is printed escaped
+        # rather than crashing the command half-way with an exit code that means "not held".
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     parser = _build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:
+        # The reader of the output went away (`| head`): an error, not "not held"; the output
+        # Python would still flush at exit goes nowhere instead of raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -147,6 +160,7 @@ def _add_list(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     listing.add_argument(
         "pattern",
         metavar="PATTERN",
+        type=_utf8,
         nargs="?",
         default="*",
         help="glob-style pattern of lock names, as for SCAN MATCH (default: *)",
@@ -240,6 +254,23 @@ def _lock_name(text: str) -> str:
     """A lock name as the library takes it (an empty one is a bad argument: exit code 2)."""
     if not text:
         raise argparse.ArgumentTypeError("a lock name cannot be empty")
+    return _utf8(text)
+
+
+def _utf8(text: str) -> str:
+    """A command-line argument as the UTF-8 text it is. Python decodes arguments with the
+    locale's encoding, keeping undecodable bytes as lone surrogates: those bytes are read as
+    UTF-8 (a name typed under a C locale), and an argument that is not UTF-8 is a bad
+    argument (exit code 2), not a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(text)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            shown = raw.decode("ascii", "backslashreplace")
+            raise argparse.ArgumentTypeError(f"not valid UTF-8: {shown}") from None
     return text
 
 

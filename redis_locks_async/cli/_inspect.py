@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, TextIO, TypeVar, final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -141,27 +141,49 @@ class LockView:
 # --------------------------------------------------------------------------------------------
 
 
+def _secrets(url: str) -> list[str]:
+    """The passwords ``url`` carries: in its user info (``user:pass@``) and as the
+    ``password`` query parameter redis-py also reads — raw and decoded."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+    except ValueError:
+        return []
+    for name, raw in (pair.partition("=")[::2] for pair in parts.query.split("&")):
+        if unquote(name) == "password" and raw:
+            found += [raw, unquote(raw)]
+    # Longest first: a decoded password that contains the raw one is blanked whole.
+    return sorted({secret for secret in found if secret}, key=len, reverse=True)
+
+
 def redacted(url: str) -> str:
-    """``url`` as it may be printed: a password in it replaced by ``***``."""
+    """``url`` as it may be printed: a password in it (``user:pass@``, ``?password=``)
+    replaced by ``***``."""
     try:
         parts = urlsplit(url)
         password = parts.password
     except ValueError:
         return "<the URL given>"
-    if password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if password is not None:
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    if parts.query:
+        pairs = [pair.partition("=") for pair in parts.query.split("&")]
+        parts = parts._replace(
+            query="&".join(
+                f"{name}{sep}***" if unquote(name) == "password" and sep else f"{name}{sep}{value}"
+                for name, sep, value in pairs
+            )
+        )
+    return urlunsplit(parts)
 
 
 def _without(text: str, url: str) -> str:
-    """``text`` (an error message) with ``url``'s password, should it quote it, blanked."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    return text.replace(password, "***") if password else text
+    """``text`` (an error message) with ``url``'s passwords, should it quote them, blanked."""
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -210,7 +232,9 @@ class Servers:
         try:
             cluster = RedisCluster.from_url(self._url, **_TIMEOUTS)
         except ValueError as exc:
-            raise CliError(f"bad --url {redacted(self._url)!r}: {exc}") from None
+            raise CliError(
+                f"bad --url {redacted(self._url)!r}: {_without(str(exc), self._url)}"
+            ) from None
         self._cluster = cluster
         await cluster.initialize()
 

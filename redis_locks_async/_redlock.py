@@ -100,15 +100,18 @@ class EvenMastersWarning(UserWarning):
 
 
 def _identity(client: Any) -> tuple[object, ...] | None:
+    """The server a client talks to, as far as its settings tell: its socket path, or host
+    and port. Not its database: two databases of one server fail together, so they are one
+    master, not two votes."""
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict):
         return None
     if kwargs.get("path"):
-        return ("unix", kwargs.get("path"), kwargs.get("db", 0))
+        return ("unix", kwargs.get("path"))
     if "host" not in kwargs:
         return None
-    return ("tcp", kwargs.get("host"), kwargs.get("port", 6379), kwargs.get("db", 0))
+    return ("tcp", kwargs.get("host"), kwargs.get("port", 6379))
 
 
 def _check_masters(masters: object) -> tuple[Any, ...]:
@@ -170,10 +173,11 @@ class RedLock(LockBase):
     any master announces a release. The module docstring says what this does *not* guarantee
     (clock jumps, masters restarted empty, fencing across masters).
 
-    ``masters`` must be distinct servers (the same client or host/port/db twice is a
-    ``ValueError``); an even number draws an :class:`EvenMastersWarning`. ``RedLock`` objects
-    over the same clients (in any order, with any lease or ``node_timeout``) share their local
-    state: a task holding one re-enters through the other. The rounds of an acquisition (its
+    ``masters`` must be distinct servers (the same client, or host and port whatever the
+    database, twice is a ``ValueError``); an even number draws an
+    :class:`EvenMastersWarning`. ``RedLock`` objects over the same clients (in any order, with
+    any lease or ``node_timeout``) share their local state: a task holding one re-enters
+    through the other. The rounds of an acquisition (its
     renewals, re-entries and release included) wait ``node_timeout`` of the object that
     acquired.
     """

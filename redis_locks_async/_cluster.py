@@ -97,6 +97,12 @@ class Cluster(ClientRef):
         is down for now (a failover in progress)."""
         return isinstance(exc, _CLUSTER_TRANSIENT) or transient_error(exc)
 
+    def passing(self, exc: BaseException) -> bool:
+        """Redirections, ``TRYAGAIN`` (a slot migration under way: its keys are split between
+        two nodes), a cluster that is down for now, a slot not covered yet (a failover), and
+        redis-py giving up after too many of them (``TTL exhausted``)."""
+        return isinstance(exc, _CLUSTER_TRANSIENT)
+
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """Run ``calls`` in one pipeline per node, concurrently, each bounded by ``bound``
         seconds; errors are returned in place of replies."""

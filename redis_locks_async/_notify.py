@@ -407,8 +407,8 @@ class SubscriptionHub:
         """The node refused a shard channel's subscription with ``MOVED``/``ASK``: ``slot``
         now lives on another node (a slot migration). Not a refusal: the channels of that slot
         are given up here (:meth:`_give_up`) — subscribing them again on this node would be
-        refused for ever. The other channels are subscribed again as the connection is
-        re-made."""
+        refused for ever. The connection and its other channels go on (an error reply leaves
+        the stream in step)."""
         self._give_up([c for c in self._channels if key_slot(c) == slot], f"slot {slot} moved")
 
     async def _relocate(self) -> None:
@@ -464,8 +464,11 @@ class SubscriptionHub:
                 message = await _read(pubsub)
             except _CONNECTION_TROUBLE as exc:
                 if isinstance(exc, AskError) and self._sharded:
+                    # A refusal of one subscription (its slot moved away), read on a healthy
+                    # connection: the node's other channels go on.
                     self._moved(exc.slot_id)
-                elif isinstance(exc, ResponseError):
+                    continue
+                if isinstance(exc, ResponseError):
                     self._refused(exc)
                 await self._reset(f"{exc!r}", stale=not heard and _of_another_loop(exc))
                 if not heard:

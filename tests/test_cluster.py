@@ -415,12 +415,15 @@ def _migrate_slot(
     window: float,
     *,
     source_first: float | None = None,
+    split: bool = False,
 ) -> None:
     """Move ``slot`` from ``source`` to ``target`` the way a live resharding does — IMPORTING /
     MIGRATING, ``MIGRATE`` its keys, then ``SETSLOT NODE`` everywhere — keeping the window
     between the keys' move and the end open ``window`` seconds (blocking: run it in a
     thread). ``source_first``: tell the source of its new owner that many seconds before the
-    others (redis-cli tells the target first)."""
+    others (redis-cli tells the target first). ``split``: move only the first key before the
+    window, the rest after it (a resharding of a slot with many keys: scripts that touch
+    keys on both nodes are refused with ``TRYAGAIN`` meanwhile)."""
     import redis as sync_redis
 
     def connect(node: ServerProcess) -> Any:
@@ -433,8 +436,12 @@ def _migrate_slot(
     src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
     keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
     if keys:
-        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+        now = keys[:1] if split else keys
+        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *now)
     time.sleep(window)
+    rest = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    if rest:
+        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *rest)
     if source_first is not None:
         src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
         time.sleep(source_first)
@@ -448,6 +455,23 @@ def _process_of(nodes: list[ServerProcess], client: RedisCluster, name: str) -> 
     return next(proc for proc in nodes if proc.port == node.port)
 
 
+def _two_slots_of_one_node(
+    nodes: list[ServerProcess], client: RedisCluster, prefix: str
+) -> tuple[str, str, ServerProcess, ServerProcess]:
+    """``(moved, stay, source, target)``: a name whose slot a test moves from ``source`` to
+    ``target``, and a name in another slot of ``source`` (which stays)."""
+    moved = f"{prefix}:0"
+    source = _process_of(nodes, client, moved)
+    target = next(p for p in nodes if p is not source)
+    stay = next(
+        name
+        for name in (f"{prefix}:{i}" for i in range(1, 2000))
+        if _process_of(nodes, client, name) is source
+        and client.keyslot(name) != client.keyslot(moved)
+    )
+    return moved, stay, source, target
+
+
 async def test_a_slot_migration_does_not_fail_waits_on_other_slots(
     cluster_nodes: list[ServerProcess], cluster: list[RedisCluster]
 ) -> None:
@@ -457,14 +481,7 @@ async def test_a_slot_migration_does_not_fail_waits_on_other_slots(
     which never moved, raised "the server refused to subscribe" — and reconnected in a loop, 12
     connections every 10 s). The moved channel is given up on that node; the others go on."""
     a, b = cluster
-    moved = "migrate:0"
-    source = _process_of(cluster_nodes, a, moved)
-    target = next(p for p in cluster_nodes if p is not source)
-    stay = next(
-        name
-        for name in (f"migrate:{i}" for i in range(1, 2000))
-        if _process_of(cluster_nodes, a, name) is source and a.keyslot(name) != a.keyslot(moved)
-    )
+    moved, stay, source, target = _two_slots_of_one_node(cluster_nodes, a, "migrate")
     holders = [Lock(a, moved, lease=5.0), Lock(a, stay, lease=5.0)]
     for holder in holders:
         assert await holder.acquire(blocking=False)
@@ -486,6 +503,90 @@ async def test_a_slot_migration_does_not_fail_waits_on_other_slots(
     # The moved lock's waiter: woken at the latest when the holder's lease would have ended
     # (README, known limits).
     assert await asyncio.wait_for(waiting_moved, 10) is True
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "read", "write", "semaphore"])
+async def test_a_fresh_acquire_waits_out_a_slot_migration_window(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster], kind: str
+) -> None:
+    """Regression (contract probe, stop 19): ``acquire(timeout=10)`` of a free lock whose slot
+    was being migrated (its keys split between two nodes: every script refused with
+    ``TRYAGAIN``) raised ``LockError("… TTL exhausted.")`` within 0.2 s, though a migration
+    is transient (README, Topologies). A fresh acquisition now waits it out within its
+    timeout, as a waiter already did."""
+    a, _ = cluster
+    name = f"window-fresh:{kind}"
+    lock = _primitive(kind, a, name)
+    assert await lock.acquire(timeout=5.0)  # its auxiliary keys exist: the slot has several
+    await lock.release()
+    source = _process_of(cluster_nodes, a, name)
+    target = next(p for p in cluster_nodes if p is not source)
+    loop = asyncio.get_running_loop()
+    migrate = functools.partial(
+        _migrate_slot, cluster_nodes, a.keyslot(name), source, target, 2.0, split=True
+    )
+    migrating = loop.run_in_executor(None, migrate)
+    try:
+        await asyncio.sleep(0.3)  # inside the window
+        started = loop.time()
+        assert await lock.acquire(timeout=10.0)
+        assert loop.time() - started < 6.0
+        await lock.release()
+    finally:
+        await migrating
+
+
+def _primitive(kind: str, client: RedisCluster, name: str) -> Any:
+    if kind == "lock":
+        return Lock(client, name, lease=10.0)
+    if kind == "fair":
+        return FairLock(client, name, lease=10.0)
+    if kind == "semaphore":
+        return Semaphore(client, name, 2, lease=10.0)
+    rw = ReadWriteLock(client, name, lease=10.0)
+    return rw.read if kind == "read" else rw.write
+
+
+async def test_a_slot_migration_keeps_the_pubsub_connection_of_other_slots(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster]
+) -> None:
+    """Regression (contract probe, stop 19): when a waited-for lock's slot moved away, its
+    node refused the hub's re-subscription (``MOVED``) and the hub dropped its whole
+    connection to that node — the waiters of every other lock there were away meanwhile
+    (presence: a hand-over could skip them, a FairLock waiter went to the back of its line).
+    README, Topologies: the hub gives the channel up on the old node; its other channels go
+    on."""
+    import redis as sync_redis
+
+    a, b = cluster
+    moved, stay, source, target = _two_slots_of_one_node(cluster_nodes, a, "keep-conn")
+    holders = [Lock(a, moved, lease=10.0), Lock(a, stay, lease=10.0)]
+    for holder in holders:
+        assert await holder.acquire(blocking=False)
+    waiters = [asyncio.create_task(_hold_briefly(Lock(b, n), timeout=30)) for n in (moved, stay)]
+    admin = sync_redis.Redis(host=source.host, port=source.port)
+
+    def pubsub_ids() -> set[str]:
+        return {str(entry["id"]) for entry in admin.client_list(_type="pubsub")}
+
+    try:
+        await asyncio.sleep(0.5)
+        before = pubsub_ids()
+        assert before, "the waiters' hub is connected to the source node"
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            None, _migrate_slot, cluster_nodes, a.keyslot(moved), source, target, 0.0
+        )
+        await asyncio.sleep(1.5)  # the old node drops the shard channel; the hub hears of it
+        assert before <= pubsub_ids(), "the pub/sub connection to the source node was re-made"
+        for holder in holders:
+            await holder.release()
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [True, True]
+    finally:
+        admin.close()
+        for holder in holders:
+            with contextlib.suppress(LockError):
+                await holder.release()
 
 
 @pytest.mark.parametrize("kind", [Lock, FairLock])

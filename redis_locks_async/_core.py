@@ -820,6 +820,13 @@ class LockBase:
         acquiring[key] = acquiring.get(key, 0) + 1
         try:
             got = await self._acquire(runtime, task, limit)
+        except LockError:
+            if runtime.closed:
+                # The client was closed under the acquisition: what it reached (a command
+                # that completed during the close, or was re-sent after it by a retrying
+                # client) is being undone — let the caller see the error once it is.
+                await runtime.cleanups_settled(RELEASE_PATIENCE)
+            raise
         finally:
             if acquiring[key] == 1:
                 del acquiring[key]
@@ -1000,7 +1007,9 @@ class LockBase:
         A task that is itself waiting in ``acquire()`` for this lock cannot be handed it
         (:class:`LockError`: it would wait for its own hold).
         """
-        if not isinstance(task, asyncio.Task):
+        if not callable(getattr(task, "get_coro", None)):
+            # (duck-typed: a task of another asyncio-compatible Task class, such as the one the
+            # backports.asyncio.runner used by pytest-asyncio on Python 3.10 runs a test in)
             raise TypeError(
                 f"transfer() needs the asyncio.Task to hand {self._name!r} to, "
                 f"not {type(task).__name__}"
@@ -1168,9 +1177,9 @@ class LockBase:
         before = _cancelling(task)
         try:
             try:
-                reply = await self._sent(call, bound)
+                reply = await self._sent(runtime, call, bound)
             except MaxConnectionsError:
-                reply = await self._pool_patient(lambda: self._sent(call, bound), patience)
+                reply = await self._pool_patient(lambda: self._sent(runtime, call, bound), patience)
         except (asyncio.CancelledError, _Expired):
             if undo is not None:
                 self._undo(runtime, undo)
@@ -1194,11 +1203,15 @@ class LockBase:
             raise asyncio.CancelledError()
         return reply
 
-    async def _sent(self, call: Call, bound: float | None) -> object:
-        """``call``'s reply; :class:`_Expired` once loop time ``bound`` passes (Python ≥ 3.11)."""
-        if bound is None:
-            return await call.run(self._redis)
+    async def _sent(self, runtime: Runtime, call: Call, bound: float | None) -> object:
+        """``call``'s reply; :class:`_Expired` once loop time ``bound`` passes, or the client is
+        closed (the close expires the scope: a client that retries would otherwise go on
+        re-sending to a server that does not answer) (Python ≥ 3.11)."""
+        if runtime.closed:
+            raise _Expired()
         scope = asyncio.timeout_at(bound)  # type: ignore[attr-defined]
+        in_flight = runtime.in_flight
+        in_flight.add(scope)
         try:
             async with scope:
                 return await call.run(self._redis)
@@ -1206,6 +1219,8 @@ class LockBase:
             if scope.expired():
                 raise _Expired() from None
             raise
+        finally:
+            in_flight.discard(scope)
 
     async def _explain(self, exc: BaseException, action: str) -> LockError:
         """``exc`` (from redis-py) as a :class:`LockError` that names the lock, and the key
@@ -1218,7 +1233,7 @@ class LockBase:
         undo: Callable[[], Awaitable[object]],
         until: float | None = None,
     ) -> asyncio.Task[None]:
-        return runtime.spawn(self._retrying(undo, "cleanup", until))
+        return runtime.spawn(self._retrying(undo, "cleanup", until), cleanup=True)
 
     async def _retrying(
         self, call: Callable[[], Awaitable[object]], what: str, until: float | None = None
@@ -1326,6 +1341,7 @@ class LockBase:
                 raw = await self._direct(runtime, call, undo, bound, deadline)
                 reply = Reply(*ints(raw, 4))
             except _Expired:
+                self._check_open(runtime)  # (expired by the close)
                 if timeout == 0:
                     raise LockError(
                         f"cannot acquire {self._name!r}: no reply from the server within "
@@ -1338,9 +1354,17 @@ class LockBase:
                     raise await self._explain(exc, "acquire") from exc
                 return False  # no connection freed up within the timeout: a timeout
             except (RedisError, OSError) as exc:
-                raise await self._explain(exc, "acquire") from exc
+                if timeout == 0 or not runtime.topology.passing(exc):
+                    raise await self._explain(exc, "acquire") from exc
+                # A slot migration or a failover under way: wait it out like a waiter, whose
+                # attempts retry such errors until the deadline (a new owner: the undo of
+                # this attempt fences the old one off).
+                logger.info("acquiring %r: %r; retrying", self._name, exc)
+                reply = None
             finally:
                 runtime.end_try(channel)
+            if reply is None:
+                return await self._wait(runtime, task, new_owner_id(), deadline, first=True)
             self._check_reply(reply, "acquire")
             if reply.status == 1:
                 self._adopt(runtime, task, owner, reply, sent_at)
@@ -1375,6 +1399,7 @@ class LockBase:
     ) -> bool:
         loop = runtime.loop
         channel = self._policy.keys.channel
+        self._check_open(runtime)  # (closed while the first attempt was out: name the lock)
         hub = runtime.hub(channel)
         lot = hub.lot(channel, self._policy.active_waiters)
         one_watcher = self._policy.one_watcher

@@ -78,7 +78,7 @@ from ._keys import LockKeys
 from ._lock import LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW
 from ._notify import SubscriptionHub
 from ._parking import ParkingLot
-from ._runtime import ClientRef, close_with, existing_runtime, transient_error
+from ._runtime import ClientRef, Runtime, close_with, existing_runtime, transient_error
 from ._scripts import Call, EncodableArg, Script
 
 __all__ = (
@@ -98,6 +98,8 @@ _SWEEP_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _SWEEP_PATIENCE: Final = 5.0  # seconds past two leases a clean-up keeps trying a master
 _SWEEP_MIN_PATIENCE: Final = 0.25  # seconds a clean-up pass waits for a master at least
 _SWEEP_BATCH: Final = 500  # abandons per clean-up pipeline
+# The pauses between the few tries of a clean-up after the close (FanOut._sweep_once).
+_LATE_SWEEP_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5)
 INSPECT_TIMEOUT: Final = 0.5  # seconds a master's reply is waited for outside a lock's rounds
 _PENDING: Final = object()
 
@@ -214,8 +216,9 @@ class FanOut:
     async def aclose(self) -> None:
         """Close this fan-out's runtime (renewal, listeners, background tasks); the masters'
         clients stay open (they are the caller's). What it knew of its acquisitions goes
-        with it: their holds are lost, their rounds cut short, their clean-ups cancelled (the
-        masters' keys expire by themselves)."""
+        with it: their holds are lost (the masters' keys expire by themselves), their rounds
+        cut short, their janitors stopped; a round that still completes fails and is swept
+        (:meth:`_sweep_once`)."""
         runtime = existing_runtime(self)
         if runtime is not None:
             await runtime.aclose()
@@ -461,14 +464,16 @@ class FanOut:
                 state.node_timeout,
                 answered=flying.discard,
             )
-        except Exception:
-            # Not a server's error (the caller sees it): what the other masters took is
-            # nobody's hold. Abandoned everywhere, as after a failed round — else the key
-            # stayed on them until its lease ended, and this state for good.
+        except BaseException:
+            # Not a server's error (the caller sees it), or the round cut short (the caller
+            # cancelled, the client closed): what the masters took is nobody's hold. Abandoned
+            # everywhere, as after a failed round — else the key stayed on them until its
+            # lease ended, and this state for good.
             self._sweep(state, owner, value)
             raise
         validity = lease - (loop.time() - started) - drift(lease)
-        if held and validity > 0:
+        closed = self._closed() is not None
+        if held and validity > 0 and not closed:
             state.value = value
             state.flying = flying  # emptied as the round's stragglers come in
             replies = [r for r in results if _took(r)]
@@ -478,8 +483,12 @@ class FanOut:
                 1,
                 min(int(r[3]) for r in replies),  # type: ignore[index]
             ]
-        # A failed round: abandon it on every master, whatever each answered.
-        self._sweep(state, owner, value)
+        # A failed round: abandon it on every master, whatever each answered — also one that
+        # came back after the client was closed (nobody may hold the lock then), whose clean-up
+        # the caller waits for a moment: two tries' worth (it goes on in the background).
+        swept = self._sweep(state, owner, value)
+        if closed:
+            await asyncio.wait((swept,), timeout=2 * max(_SWEEP_MIN_PATIENCE, state.node_timeout))
         refused = [
             r
             for r in results
@@ -658,7 +667,11 @@ class FanOut:
         confirmed the abandon or given up on it."""
         until = asyncio.get_running_loop().time() + 2 * state.lease + _SWEEP_PATIENCE
         indexes = range(len(self.masters)) if only is None else only
-        settled = asyncio.gather(*(self._janitor(i).owe(state, value, until) for i in indexes))
+        closed = self._closed()
+        if closed is not None:
+            settled: asyncio.Future[Any] = self._sweep_once(closed, state, value, indexes)
+        else:
+            settled = asyncio.gather(*(self._janitor(i).owe(state, value, until) for i in indexes))
 
         def swept(_: asyncio.Future[Any]) -> None:
             state.open.discard(value)
@@ -667,6 +680,35 @@ class FanOut:
 
         settled.add_done_callback(swept)
         return settled
+
+    def _closed(self) -> Runtime | None:
+        """This fan-out's runtime if it was closed (``None``: open, or none yet)."""
+        runtime = existing_runtime(self)
+        return runtime if runtime is not None and runtime.closed else None
+
+    def _sweep_once(
+        self, runtime: Runtime, state: _Owner, value: str, indexes: Sequence[int]
+    ) -> asyncio.Task[None]:
+        """Abandon ``value`` on each of the masters ``indexes`` (a few tries, each bounded by
+        the node timeout) in a task of its own: the sweep after the close, when the janitors
+        have stopped — a round still in flight during the close (or re-sent by a retrying
+        client on a new connection) took keys that must not stay held for a whole lease."""
+        call = (*state.keys, value, "abandon", "", state.channel, "0", "1")
+        abandon = functools.partial(
+            _pipelined, script=LOCK_RELEASE, calls=[call], numkeys=len(state.keys)
+        )
+        patience = max(_SWEEP_MIN_PATIENCE, state.node_timeout)
+
+        async def sweep_one(master: Any) -> None:
+            for delay in _LATE_SWEEP_BACKOFF:  # a few times: the close broke its connections
+                if isinstance(await self._one(master, abandon, patience), list):
+                    return
+                await asyncio.sleep(delay)
+
+        async def sweep() -> None:
+            await asyncio.gather(*(sweep_one(self.masters[i]) for i in indexes))
+
+        return runtime.spawn(sweep(), cleanup=True)
 
     def _janitor(self, index: int) -> _Janitor:
         janitor = self._janitors.get(index)
@@ -1043,6 +1085,11 @@ class Masters(ClientRef):
     def transient(self, exc: BaseException) -> bool:
         """As for one server; a :class:`QuorumError` is a connection error."""
         return transient_error(exc)
+
+    def passing(self, exc: BaseException) -> bool:
+        """Nothing: a round that missed its quorum is an answer ("held elsewhere"), retried
+        after a jittered delay; an error is the caller's."""
+        return False
 
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """One pipeline per master (:meth:`FanOut.renew_batch`), counted on a quorum."""

@@ -24,10 +24,11 @@ client refuse to work on that loop (create a new client).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import weakref
-from collections.abc import Callable, Coroutine, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from types import FrameType
 from typing import Any, ClassVar, Final, Protocol, final
 
@@ -78,6 +79,11 @@ class Topology(Protocol):
 
     def transient(self, exc: BaseException) -> bool:
         """Whether ``exc`` is worth retrying (the command may not have run)."""
+
+    def passing(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the servers pass through a state that ends by itself (a slot
+        migration, a failover under way): a fresh acquisition waits it out within its
+        timeout instead of failing at once, as it would on a server that is down."""
 
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """Run ``calls`` (renewals) in as few round trips as the topology allows, each round
@@ -146,6 +152,10 @@ class Standalone(ClientRef):
         """See :func:`transient_error`."""
         return transient_error(exc)
 
+    def passing(self, exc: BaseException) -> bool:
+        """Nothing: a server that does not answer fails a fresh acquisition at once."""
+        return False
+
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """One pipeline (one round trip)."""
         pipe = self.client.pipeline(transaction=False)
@@ -185,9 +195,11 @@ class Runtime:
         "_finished",
         "_hubs",
         "_tasks",
+        "_undoing",
         "acquiring",
         "closed",
         "holds",
+        "in_flight",
         "keeper",
         "loop",
         "topology",
@@ -200,6 +212,10 @@ class Runtime:
         self.closed = False
         self._finished = False  # the close is complete: nothing may start any more
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._undoing: set[asyncio.Task[Any]] = set()  # undo tasks under way (spawn)
+        # The timeout scopes of acquisitions whose command is in flight in the caller's own
+        # task (Python >= 3.11): the close expires them (the others run in tracked job tasks).
+        self.in_flight: set[Any] = set()
         self.holds: dict[tuple[Hashable, asyncio.Task[Any]], Hold] = {}
         # (hold key, task) -> how many acquire() calls of that task for that key are running
         # (a task that waits for a lock cannot be handed it: it would wait for itself).
@@ -212,19 +228,41 @@ class Runtime:
 
     # -- background tasks --------------------------------------------------------------------
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], *, report: bool = True) -> asyncio.Task[Any]:
+    def spawn(
+        self, coro: Coroutine[Any, Any, Any], *, report: bool = True, cleanup: bool = False
+    ) -> asyncio.Task[Any]:
         """Run ``coro`` in a background task this runtime tracks (and cancels on close).
 
         With ``report`` a failure is logged; without, it is left to whoever awaits the task.
-        Once the runtime has shut down, the task is cancelled before it starts.
+        Once the runtime has shut down, the task is cancelled before it starts — unless it is
+        a ``cleanup`` (a fenced undo): the undo of a command that reached Redis after the
+        close (a retrying client re-sent it on a new connection) must still go out, or it
+        leaves a ghost hold for a whole lease. It gets ``_CLOSE_GRACE`` seconds, as the
+        close's own clean-ups do: no task outlives a closed client for long (a server that
+        does not answer meanwhile keeps what it holds until the lease ends).
         """
+        if cleanup and self._finished:
+            client = self.topology.client
+            coro = _within(coro, _CLOSE_GRACE, getattr(client, "masters", (client,)))
         task = self.loop.create_task(coro)
+        if cleanup:
+            self._undoing.add(task)
+            task.add_done_callback(self._undoing.discard)
+            if self._finished:  # (kept referenced by _undoing: the loop's references are weak)
+                task.add_done_callback(self._task_done)
+                return task
         if self._finished:
             task.cancel()
             return task
         self._tasks.add(task)
         task.add_done_callback(self._task_done if report else self._task_done_quietly)
         return task
+
+    async def cleanups_settled(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for the undo tasks under way: an acquisition that
+        fails because the client was closed under it returns once what it reached is undone."""
+        if self._undoing:
+            await asyncio.wait(set(self._undoing), timeout=timeout)
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Track a task created elsewhere (a command in flight): cancelled on close."""
@@ -349,13 +387,64 @@ class Runtime:
             await hub.aclose()
         await self.topology.aclose()
         self._finished = True
-        tasks = [task for task in self._tasks if task is not asyncio.current_task()]
+        for scope in list(self.in_flight):
+            # An acquisition still waiting for its reply now (a server that does not answer,
+            # a client that keeps re-sending): it ends in LockError, its command undone.
+            with contextlib.suppress(RuntimeError):  # (one expiring already: left alone)
+                scope.reschedule(loop.time())
+        undoing = {task for task in self._undoing if not task.done()}
+        if undoing:
+            # An undo still waiting for its server (a command of an acquisition cut short by
+            # the close may have reached it) gets the grace once more, as one started now would.
+            self.spawn(_settled(undoing), cleanup=True)
+        tasks = [
+            task
+            for task in self._tasks
+            if task is not asyncio.current_task() and task not in undoing
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+
+
+# The clients the user closed -> their own close (what the hook wrapped, unbound).
+_CLOSED: weakref.WeakKeyDictionary[Any, Callable[[Any], Awaitable[None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _within(coro: Coroutine[Any, Any, Any], seconds: float, clients: Sequence[Any]) -> None:
+    """Run ``coro`` — a clean-up after the close — for at most ``seconds``; then close again
+    those of ``clients`` the user closed: the clean-up connected them anew (redis-py lets a
+    closed client reconnect), and nothing else would close those connections."""
+    try:
+        await asyncio.wait_for(coro, seconds)
+    except asyncio.TimeoutError:
+        logger.info(
+            "a clean-up after the client was closed got no answer within %s s; what it would "
+            "undo ends with its lease",
+            seconds,
+        )
+    finally:
+        for client in clients:
+            close = _CLOSED.get(client)
+            if close is not None:
+                try:
+                    await close(client)
+                except Exception as exc:  # closing what is broken: nothing more to do
+                    logger.debug("closing %r again failed: %r", client, exc)
+
+
+async def _settled(tasks: set[asyncio.Task[Any]]) -> None:
+    """Wait for ``tasks``; cancel those still running if this wait is cut short."""
+    try:
+        await asyncio.wait(tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def topology_for(client: Any) -> Topology:
@@ -439,6 +528,9 @@ def _hook_close(client: Any) -> None:
             await original(*args, **kwargs)
             return
         target = ref()
+        unbound = getattr(original, "__func__", None)  # (a bound method would keep the client)
+        if target is not None and unbound is not None:
+            _CLOSED[target] = unbound
         runtime = existing_runtime(target) if target is not None else None
         if runtime is not None:
             await runtime.aclose()

@@ -253,6 +253,29 @@ class TestOwnership:
         assert await worker == lease.fencing_token
         assert not await lock.locked()
 
+    async def test_transfer_back_to_the_task_running_the_test(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (``transfer()`` refused a task of another asyncio Task class with
+        ``TypeError``): on Python 3.10, pytest-asyncio runs the test in
+        ``backports.asyncio.runner``'s ``Task``, which is not an ``asyncio.Task``, so a worker
+        could not hand its hold back to the test's own task."""
+        lock = Lock(client, name)
+        me = asyncio.current_task()
+        assert me is not None
+
+        async def take_and_hand_back() -> Lease:
+            assert await lock.acquire()
+            lease = lock.current_lease
+            assert lease is not None
+            assert lock.transfer(me) is lease
+            return lease
+
+        lease = await asyncio.create_task(take_and_hand_back())
+        assert lock.owned() and lock.current_lease is lease
+        await lock.release()
+        assert not await lock.locked()
+
     async def test_transfer_to_a_task_waiting_for_the_lock_is_refused(
         self, client: aioredis.Redis, name: str
     ) -> None:

@@ -161,6 +161,15 @@ class TestValidation:
         )
         with pytest.raises(ValueError, match="same server"):
             RedLock([a, b, twin], "x")
+        # Regression (contract probe, stop 19): two databases of one server counted as two
+        # independent masters — one server's failure took two votes.
+        other_db = aioredis.Redis(
+            host=a.connection_pool.connection_kwargs["host"],
+            port=a.connection_pool.connection_kwargs["port"],
+            db=1,
+        )
+        with pytest.raises(ValueError, match="same server"):
+            RedLock([a, b, other_db], "x")
         sync = redis.Redis()
         try:
             with pytest.raises(TypeError, match=r"redis\.asyncio"):
@@ -945,6 +954,53 @@ class TestCleanUpsAndSharing:
             "the fan-out to forget the acquisition",
             within=5.0,
         )
+
+    @pytest.mark.parametrize("closed", ["one", "all"])
+    async def test_a_round_completing_during_the_close_is_undone_on_every_master(
+        self,
+        proxies: list[FaultProxy],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+        closed: str,
+    ) -> None:
+        """Regression (contract probe, stop 19: a ghost hold on every master for a whole
+        lease): a round whose replies arrived after a master's client was closed failed the
+        acquisition ("the redis client was closed"), but its keys stayed on all the masters —
+        the fan-out's clean-ups ran on the closed runtime, which cancelled them before they
+        started. SPEC §4: an acquisition that completes while the client is closing leaves
+        nothing held; a failed round is released on every master."""
+        masters_clients = clients(urls=[p.url for p in proxies[:3]])
+        lock = RedLock(masters_clients, name, lease=30.0)
+        async with lock:  # scripts loaded
+            pass
+        await settle(lock)  # the release's stragglers are in
+        # Idle connections ready: once replies are held, a new connection stalls in its handshake.
+        await asyncio.gather(*(c.ping() for c in masters_clients for _ in range(3)))
+        for proxy in proxies[:3]:
+            proxy.hold_replies()
+
+        async def acquire() -> bool:
+            return await lock.acquire(timeout=10.0)
+
+        attempt = asyncio.create_task(acquire())
+        try:
+            await until(lambda: _all_set(inspectors[:3], name), "the round's runs", within=5.0)
+            for proxy in proxies[:3]:
+                await proxy.wait_held()
+            to_close = masters_clients[:1] if closed == "one" else masters_clients
+            closing = asyncio.gather(*(c.aclose() for c in to_close))
+            await asyncio.sleep(0.05)  # the close is under way
+        finally:
+            for proxy in proxies[:3]:
+                proxy.release_replies()
+        await asyncio.wait_for(closing, 5.0)
+        with pytest.raises(LockError, match="closed"):
+            await asyncio.wait_for(attempt, 5.0)
+        assert await no_key_left(inspectors[:3], name), await holders(inspectors[:3], name)
+        rival = RedLock(clients(3), name, lease=30.0)
+        assert await rival.acquire(blocking=False)
+        await rival.release()
 
 
 # --------------------------------------------------------------------------------------------

@@ -86,6 +86,12 @@ async def outcome(
     return (exc if exc is not None else task.result()), elapsed
 
 
+def _code_file(task: asyncio.Task[Any]) -> str:
+    """The file of the coroutine ``task`` runs ("" if it does not tell)."""
+    code = getattr(task.get_coro(), "cr_code", None)
+    return "" if code is None else str(code.co_filename)
+
+
 async def acquiring(lock: Lock, **kwargs: Any) -> bool:
     """``lock.acquire(**kwargs)`` as the body of a task (the task owns what it acquires)."""
     return await lock.acquire(**kwargs)
@@ -697,8 +703,13 @@ class TestHangs:
     ) -> None:
         """Regression (issue 5 #10): an acquisition still waiting for its reply when
         ``client.aclose()`` finished must end in LockError — not hang, not ``True``, and not a
-        CancelledError in a task nobody cancelled — leaving nothing held or renewed."""
-        lock = Lock(proxied, name, lease=1.0)
+        CancelledError in a task nobody cancelled — leaving nothing held or renewed.
+
+        Regression (contract probe, stop 19: a ghost hold for a whole lease): the undo of such
+        an acquisition was spawned on the closed runtime, which cancelled it before it
+        started, so the lock stayed taken until its lease ended. It is undone now, and the
+        acquisition raises once the undo is done."""
+        lock = Lock(proxied, name, lease=30.0)
         assert await lock.acquire()  # the library is at work on this client
         await lock.release()
 
@@ -714,7 +725,41 @@ class TestHangs:
         with pytest.raises(LockError):
             attempt.result()
         assert introspect.background_tasks(proxied) == set()
-        await until(lambda: is_free(client, name), what="the key to expire unrenewed", within=2.5)
+        assert await is_free(client, name), "the acquisition that completed was not undone"
+
+    @pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 runs the attempt in a job task")
+    async def test_close_ends_an_acquisition_a_retrying_client_would_keep_resending(
+        self, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (attack pass, stop 19): with a client that retries (``Redis(host=…)``)
+        and a server that stopped answering, ``aclose()`` broke the acquisition's connection,
+        redis-py re-sent the command on a new one, and the acquisition went on waiting after
+        the close — for ever without a timeout (it should fail with ``LockError``). And the
+        undo of such an acquisition, no longer cancelled by the close, lived on for the whole
+        lease or longer ("no orphan tasks survive a closed client"). Now the close ends the
+        acquisition, and a clean-up after the close gets the close's grace (2 s)."""
+        await load_scripts(client)
+        retrying = aioredis.Redis(host=fault_proxy.host, port=fault_proxy.port)
+        lock = Lock(retrying, name, lease=30.0)
+        assert await lock.acquire()  # the library is at work on this client
+        await lock.release()
+        before = set(asyncio.all_tasks())
+
+        fault_proxy.hold_replies()  # the server "stops answering"
+        attempt = asyncio.create_task(acquiring(lock))
+        await until(lambda: client.exists(name), what="the acquisition to run on the server")
+        await finish(asyncio.ensure_future(retrying.aclose()), 5.0, "aclose()")
+        await finish(attempt, 3.0, "the acquisition")
+        with pytest.raises(LockError, match="closed"):
+            attempt.result()
+        await asyncio.sleep(2.5)  # the clean-up's grace
+        left = {
+            task
+            for task in asyncio.all_tasks() - before
+            if not task.done() and "redis_locks_async" in _code_file(task)
+        }
+        assert not left, left
+        fault_proxy.heal()
 
     async def test_try_completing_after_close_on_a_caller_owned_pool(
         self, fault_proxy: FaultProxy, client: aioredis.Redis, name: str

@@ -359,11 +359,17 @@ class LeaseKeeper:
             if isinstance(result, BaseException):
                 hold.gave_up_on(hold.lease if lease is None else lease)  # it may land late
         crossed = lease is not None and lease != hold.lease
-        if lease is not None and crossed and not isinstance(result, NoScriptError):
+        if (
+            lease is not None
+            and crossed
+            and not isinstance(result, (NoScriptError, MaxConnectionsError))
+        ):
             # A re-entry or an extend changed the hold's lease while this renewal was in
             # flight, and it may have run (a failure here may come after it ran). The server
             # ran the two in an unknown order — a retrying client re-sends a command whose
-            # reply was lost, late — so it may keep this renewal's length.
+            # reply was lost, late — so it may keep this renewal's length. Not after "no free
+            # connection": nothing was sent (else an extend that was not sent either, and put
+            # back as it was, left the hold counting on the shorter lease nobody set).
             hold.crossed(sent_at, lease)
         if isinstance(result, NoScriptError):
             hold.renew_at = now  # again right after the reload

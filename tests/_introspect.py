@@ -358,10 +358,13 @@ async def quorum_hold_count(inspectors: Sequence[aioredis.Redis], name: str) -> 
     return 0
 
 
-def judge_renewal(client: Client, lease: Lease, result: object) -> None:
+def judge_renewal(
+    client: Client, lease: Lease, result: object, length: float | None = None
+) -> None:
     """Hand ``client``'s lease keeper a renewal answer for ``lease``, as if a renewal round trip
-    sent just now had returned ``result`` (1: renewed, 0: not held, an exception: failed)."""
+    sent just now had returned ``result`` (1: renewed, 0: not held, an exception: failed) — one
+    setting ``length`` seconds, if given (an extend changed the hold's lease meanwhile)."""
     state = _state(client)
     assert state is not None
     now = asyncio.get_running_loop().time()
-    state.keeper.judge(lease._hold, result, now, now)
+    state.keeper.judge(lease._hold, result, now, now, length)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import MaxConnectionsError
 
 from redis_locks_async import FairLock, Lock, LockError, LockLostError, LockNotOwnedError, Semaphore
 from redis_locks_async._lock import LOCK_REENTER, LOCK_RENEW
@@ -634,4 +635,24 @@ async def test_an_extend_with_no_free_connection_changes_nothing(connect: Any, n
     await asyncio.sleep(0.5)
     assert not lease.lost
     assert lease.remaining() > 3.0
+    await lock.release()
+
+
+async def test_a_renewal_with_no_free_connection_never_crosses_an_extend(
+    connect: Any, name: str
+) -> None:
+    """Regression (CI, 1 run in 5: the keeper sent a renewal of the 1 s lease an extend had
+    just set, the pool was full, and the extend failed the same way and was put back — then
+    the renewal's "no free connection" was judged as a renewal that crossed the extend and
+    may have run, and the hold counted on the 1 s lease nobody had sent: lost after 1 s, the
+    server's lease 5 s from its end). A renewal that was never sent changes nothing."""
+    client = await connect()
+    lock = Lock(client, name, lease=6.0)
+    assert await lock.acquire()
+    lease = lock.current_lease
+    assert lease is not None
+    introspect.judge_renewal(client, lease, MaxConnectionsError("Too many connections"), 1.0)
+    assert lease.remaining() > 5.0
+    await asyncio.sleep(1.2)
+    assert not lease.lost
     await lock.release()

@@ -381,6 +381,16 @@ def _pass_through_code() -> object:
     return _PASS_THROUGH
 
 
+@final
+class _Innermost:
+    """The type of :data:`_INNERMOST`."""
+
+    __slots__ = ()
+
+
+# release(): the level to release is the task's innermost one once releases in flight are done.
+_INNERMOST: Final = _Innermost()
+
 _UNKNOWN_CODE: Final = object()
 _PASS_THROUGH: object = _UNKNOWN_CODE
 
@@ -938,7 +948,7 @@ class LockBase:
         """
         task = _current("release", self._name, sys._getframe(0))
         runtime, hold = self._held_by(task, "release")
-        await self._release(runtime, hold, hold.entries[-1] if hold.entries else None)
+        await self._release(runtime, hold, _INNERMOST)
 
     async def extend(self, lease: float | None = None) -> None:
         """Renew the calling task's lease now, to ``lease`` seconds (default: the lock's).
@@ -1748,8 +1758,10 @@ class LockBase:
 
     async def _settled(self, hold: Hold) -> None:
         """Wait for a release of ``hold`` in flight (cancelling the caller does not stop it)."""
-        while hold.pending is not None:
-            await asyncio.shield(hold.pending)
+        while (pending := hold.pending) is not None:
+            await asyncio.shield(pending)
+            if hold.pending is pending:
+                hold.pending = None
 
     def _check_live(
         self, runtime: Runtime, hold: Hold, action: str, entry: str | None = None
@@ -1941,8 +1953,27 @@ class LockBase:
 
     # -- release -----------------------------------------------------------------------------
 
-    async def _release(self, runtime: Runtime, hold: Hold, entry: str | None) -> None:
-        await self._settled(hold)
+    async def _release(self, runtime: Runtime, hold: Hold, entry: str | _Innermost | None) -> None:
+        """Release ``entry`` of ``hold`` (``None``: the hold itself; :data:`_INNERMOST`: what
+        the task holds innermost once the releases in flight are done — ``release()``)."""
+        if hold.pending is not None:
+            try:
+                await self._settled(hold)
+            except asyncio.CancelledError:
+                # Cancelled while an earlier release of the hold (itself cancelled) finishes:
+                # this release is owed all the same (once per acquire) — it runs after that one.
+                if not runtime.closed:
+                    hold.pending = runtime.spawn(
+                        self._release_later(runtime, hold, entry, hold.pending), report=False
+                    )
+                raise
+            if entry is _INNERMOST:
+                # That release may have ended the hold (a semaphore's permit: the task's
+                # earlier permit is what it holds now).
+                runtime, hold = self._held_by(hold.task, "release")
+        if entry is _INNERMOST:
+            entry = hold.entries[-1] if hold.entries else None
+        assert not isinstance(entry, _Innermost)
         self._check_live(runtime, hold, "release", entry)
         if entry is not None and entry not in hold.entries:
             return  # that level was already released
@@ -1969,6 +2000,32 @@ class LockBase:
         if _cancelling(task) > before:
             raise asyncio.CancelledError()  # swallowed by redis-py; the release is done
 
+    async def _release_later(
+        self,
+        runtime: Runtime,
+        hold: Hold,
+        entry: str | _Innermost | None,
+        previous: asyncio.Future[None] | None,
+    ) -> None:
+        """A release whose caller was cancelled while ``previous`` (an earlier release of
+        ``hold`` in flight) finished: run it once that one is done, as its caller would have."""
+        if previous is not None:
+            await asyncio.wait((previous,))  # (its outcome was its own caller's)
+        current = runtime.holds.get((hold.key, hold.task))
+        if entry is _INNERMOST and current is not None:
+            hold.pending, current.pending = None, asyncio.current_task()
+            hold, entry = current, current.entries[-1] if current.entries else None
+        if current is not hold or (entry is not None and entry not in hold.entries):
+            self._release_done(runtime, hold)  # released meanwhile
+            return
+        assert not isinstance(entry, _Innermost)
+        if not hold.live:
+            try:
+                self._check_live(runtime, hold, "release", entry)  # ends what was lost
+            finally:
+                self._release_done(runtime, hold)
+        await self._release_job(runtime, hold, entry, resent=True)
+
     async def _release_job(
         self, runtime: Runtime, hold: Hold, entry: str | None, *, resent: bool = False
     ) -> None:
@@ -1978,18 +2035,23 @@ class LockBase:
             else:
                 await self._release_entry(runtime, hold, entry)
         finally:
+            self._release_done(runtime, hold)
+
+    def _release_done(self, runtime: Runtime, hold: Hold) -> None:
+        """A release of ``hold`` run in the background (this task) is over."""
+        if hold.pending is asyncio.current_task():
             hold.pending = None
-            if (
-                hold.live
-                and hold.task.done()
-                and runtime.holds.get((hold.key, hold.task)) is hold
-                and not runtime.closed
-            ):
-                # The task ended while this release was in flight: nobody releases the rest.
-                logger.warning("task ended while releasing %r; releasing it", self._name)
-                self._drop(runtime, hold)
-            if hold.task.done():
-                _end_the_rest(runtime, hold.key, hold.task)
+        if (
+            hold.live
+            and hold.task.done()
+            and runtime.holds.get((hold.key, hold.task)) is hold
+            and not runtime.closed
+        ):
+            # The task ended while this release was in flight: nobody releases the rest.
+            logger.warning("task ended while releasing %r; releasing it", self._name)
+            self._drop(runtime, hold)
+        if hold.task.done():
+            _end_the_rest(runtime, hold.key, hold.task)
 
     async def _release_entry(self, runtime: Runtime, hold: Hold, entry: str) -> None:
         """Drop one re-entry, retrying transient errors while the lease lasts: the outer hold

@@ -82,3 +82,101 @@ async def test_cancelled_release_then_another_owner_is_no_loss(
         if not task.done():
             task.cancel()
             await asyncio.wait((task,), timeout=1.0)
+
+
+async def _nested_holder(lock: Lock, held: asyncio.Event, go: asyncio.Event) -> None:
+    """Take ``lock`` twice (a nested hold), say so, and wait for ``go``."""
+    assert await lock.acquire()
+    assert await lock.acquire()
+    held.set()
+    await go.wait()
+
+
+async def _cancelled_release(lock: Lock, fault_proxy: FaultProxy) -> None:
+    """Release one level of ``lock``, cancelled once its reply is held at ``fault_proxy``
+    (the release goes on in the background)."""
+    scope = anyio.CancelScope()
+
+    async def cancel_when_held() -> None:
+        await fault_proxy.wait_held()
+        scope.cancel()
+
+    canceller = asyncio.create_task(cancel_when_held())
+    with scope:
+        await lock.release()
+    await canceller
+
+
+async def test_outer_release_after_a_cancelled_inner_release_frees_the_lock(
+    fault_proxy: FaultProxy, connect: Connect, name: str
+) -> None:
+    """Bug: with an inner release of a nested hold cancelled while its reply was held (it goes
+    on in the background), the task's next ``release()`` picked the innermost level *before*
+    that release was done — the same level — found it released once it was, and returned
+    without releasing the outer hold: the lock stayed held (and renewed) for as long as the
+    task lived, while the task believed it had released it."""
+    lock = Lock(connect(fault_proxy.url), name)
+    other = Lock(connect(), name)  # straight to the server, past the proxy
+    assert await lock.acquire()  # loads the scripts and warms the pool
+    await lock.release()
+    held, go, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    cancelled_inner = asyncio.Event()
+
+    async def holder() -> None:
+        await _nested_holder(lock, held, go)
+        await _cancelled_release(lock, fault_proxy)  # the inner level
+        cancelled_inner.set()
+        await lock.release()  # the outer level: must free the lock
+        assert lock.current_lease is None
+        done.set()
+        await asyncio.Event().wait()  # the task lives on: nothing releases for it
+
+    task = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(held.wait(), BOUND)
+        fault_proxy.hold_replies()
+        go.set()
+        await asyncio.wait_for(cancelled_inner.wait(), BOUND)
+        fault_proxy.release_replies()
+        await asyncio.wait_for(done.wait(), BOUND)
+        await _until_free(other)
+    finally:
+        fault_proxy.heal()
+        task.cancel()
+        await asyncio.wait((task,), timeout=BOUND)
+
+
+async def test_release_cancelled_while_an_earlier_release_finishes_still_releases(
+    fault_proxy: FaultProxy, connect: Connect, name: str
+) -> None:
+    """Bug: a ``release()`` cancelled while it waited for an earlier, cancelled release of the
+    same hold (a nested hold's inner level, going on in the background) was dropped: the
+    outer hold stayed held and renewed for as long as the task lived. A cancelled release
+    still releases (SPEC §4), so it now runs after the earlier one."""
+    lock = Lock(connect(fault_proxy.url), name)
+    other = Lock(connect(), name)
+    assert await lock.acquire()
+    await lock.release()
+    held, go, waiting = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        await _nested_holder(lock, held, go)
+        await _cancelled_release(lock, fault_proxy)  # the inner level
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # cancelled at its first await: waiting for the inner release
+            await lock.release()
+        waiting.set()
+        await asyncio.Event().wait()  # the task lives on: nothing releases for it
+
+    task = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(held.wait(), BOUND)
+        fault_proxy.hold_replies()
+        go.set()
+        await asyncio.wait_for(waiting.wait(), BOUND)
+        fault_proxy.release_replies()
+        await _until_free(other)
+    finally:
+        fault_proxy.heal()
+        task.cancel()
+        await asyncio.wait((task,), timeout=BOUND)

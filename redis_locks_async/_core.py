@@ -247,6 +247,15 @@ class Policy(ABC):
         A read side refuses the write side of the same lock here, for instance."""
         return None
 
+    def transfer_conflict(
+        self, holds: Mapping[tuple[Hashable, asyncio.Task[Any]], Hold], task: asyncio.Task[Any]
+    ) -> str | None:
+        """Why ``task`` may not hand its hold of this lock to another task given what else it
+        ``holds`` (``None``: it may). One side of a read/write lock whose other side the task
+        also holds (a downgrade) refuses here: handed over alone, a writer and a reader would
+        hold it at once in two tasks."""
+        return None
+
     def margin(self, lease: float) -> float:
         """Seconds by which the local estimate of a lease's end is kept short of the server's,
         for a lease of ``lease`` seconds (0 for one server; a quorum of masters allows for
@@ -380,16 +389,6 @@ def _pass_through_code() -> object:
             _PASS_THROUGH = None
     return _PASS_THROUGH
 
-
-@final
-class _Innermost:
-    """The type of :data:`_INNERMOST`."""
-
-    __slots__ = ()
-
-
-# release(): the level to release is the task's innermost one once releases in flight are done.
-_INNERMOST: Final = _Innermost()
 
 _UNKNOWN_CODE: Final = object()
 _PASS_THROUGH: object = _UNKNOWN_CODE
@@ -758,7 +757,7 @@ class LockBase:
         runtime = self._existing() if task is not None else None
         if task is None or runtime is None:
             return None
-        return runtime.holds.get((self._policy.hold_key, task))
+        return _unclaimed(runtime.holds.get((self._policy.hold_key, task)))
 
     def _local_waiters(self) -> int:
         try:
@@ -810,7 +809,7 @@ class LockBase:
         """:meth:`acquire` for ``task``, its arguments checked."""
         runtime = self._runtime()
         policy = self._policy
-        hold = runtime.holds.get((policy.hold_key, task))
+        hold = _unclaimed(runtime.holds.get((policy.hold_key, task)))
         limit = wait if blocking else 0.0
         # The replica sync (and a re-entry) ends with the caller's deadline (a try's: TRY_BOUND).
         deadline = None if limit is None else runtime.loop.time() + (limit or TRY_BOUND)
@@ -944,11 +943,12 @@ class LockBase:
 
         Raises :class:`LockNotOwnedError` if the task does not hold the lock and
         :class:`LockLostError` if its lease ended meanwhile. Cancelling the caller does not
-        stop the release.
+        stop the release. The level released is chosen at the call: the innermost one whose
+        release is not already on its way (a cancelled release going on in the background).
         """
         task = _current("release", self._name, sys._getframe(0))
         runtime, hold = self._held_by(task, "release")
-        await self._release(runtime, hold, _INNERMOST)
+        await self._release(runtime, hold, _innermost_unclaimed(hold))
 
     async def extend(self, lease: float | None = None) -> None:
         """Renew the calling task's lease now, to ``lease`` seconds (default: the lock's).
@@ -1039,6 +1039,9 @@ class LockBase:
                 f"cannot transfer {self._name!r}: the target task already holds it",
                 name=self._name,
             )
+        split = self._policy.transfer_conflict(runtime.holds, current)
+        if split is not None:
+            raise LockError(f"cannot transfer {self._name!r}: {split}", name=self._name)
         if self._policy.reentrant and (hold.key, task) in runtime.acquiring:
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task is waiting in acquire() for "
@@ -1088,9 +1091,11 @@ class LockBase:
             return  # transferred to another task, which releases it
         if entry is not None and entry not in hold.entries:
             return  # this level was released explicitly inside the block
+        if hold.claimed is not None and entry in hold.claimed:
+            return  # its release, cancelled inside the block, goes on in the background
         runtime = self._existing()
         try:
-            if runtime is None or runtime.holds.get((hold.key, task)) is not hold:
+            if runtime is None or not _in_stack(runtime, hold):
                 if hold.state is HoldState.LOST:
                     raise LockLostError(
                         f"lease on {self._name!r} was lost ({hold.lost_reason})",
@@ -1677,10 +1682,7 @@ class LockBase:
     ) -> None:
         """Make ``hold`` ``target``'s (on top of what it holds of the lock), no longer
         ``source``'s (whose earlier hold, if any, is its own again)."""
-        if hold.outer is not None:
-            runtime.holds[(hold.key, source)] = hold.outer
-        else:
-            del runtime.holds[(hold.key, source)]
+        _unstack(runtime, hold, source)
         hold.outer = runtime.holds.get((hold.key, target))
         runtime.holds[(hold.key, target)] = hold
         self._watch(runtime, hold, target)
@@ -1725,19 +1727,7 @@ class LockBase:
         return True
 
     def _forget(self, runtime: Runtime, hold: Hold) -> None:
-        top = runtime.holds.get((hold.key, hold.task))
-        if top is hold:
-            if hold.outer is not None:
-                runtime.holds[(hold.key, hold.task)] = hold.outer
-            else:
-                del runtime.holds[(hold.key, hold.task)]
-        else:
-            # Not on top (a permit released while the task took another): taken out of the
-            # task's stack, or the one above would bring it back when it ends.
-            while top is not None and top.outer is not hold:
-                top = top.outer
-            if top is not None:
-                top.outer = hold.outer
+        _unstack(runtime, hold, hold.task)
         runtime.keeper.discard(hold)
         if hold.task_callback is not None:
             hold.task.remove_done_callback(hold.task_callback)
@@ -1749,19 +1739,29 @@ class LockBase:
 
     def _held_by(self, task: asyncio.Task[Any], action: str) -> tuple[Runtime, Hold]:
         runtime = self._existing()
-        hold = None if runtime is None else runtime.holds.get((self._policy.hold_key, task))
+        hold = (
+            None
+            if runtime is None
+            else _unclaimed(runtime.holds.get((self._policy.hold_key, task)))
+        )
         if runtime is None or hold is None:
             raise LockNotOwnedError(
                 f"cannot {action} {self._name!r}: not held by this task", name=self._name
             )
         return runtime, hold
 
-    async def _settled(self, hold: Hold) -> None:
-        """Wait for a release of ``hold`` in flight (cancelling the caller does not stop it)."""
+    async def _settled(self, hold: Hold, deadline: float | None = None) -> bool:
+        """Wait for the releases of ``hold`` in flight (cancelling the caller does not stop
+        them; their outcome is their callers'): False if ``deadline`` (loop time) came first."""
+        loop = hold.loop
         while (pending := hold.pending) is not None:
-            await asyncio.shield(pending)
-            if hold.pending is pending:
-                hold.pending = None
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            done, _ = await asyncio.wait((pending,), timeout=left)
+            if not done:
+                return False
+        return True
 
     def _check_live(
         self, runtime: Runtime, hold: Hold, action: str, entry: str | None = None
@@ -1770,7 +1770,7 @@ class LockBase:
         it is released once per acquire, each release raising :class:`LockLostError` (an
         ``extend()`` or a re-entry that reports the loss does not end it: the release in the
         caller's ``finally`` must say "lost" too, not "not held")."""
-        held = runtime.holds.get((hold.key, hold.task)) is hold
+        held = _in_stack(runtime, hold)
         if not held and hold.state is not HoldState.LOST:
             raise LockNotOwnedError(
                 f"cannot {action} {self._name!r}: not held by this task (released)",
@@ -1892,8 +1892,9 @@ class LockBase:
         ``False`` when no answer came by ``deadline`` (loop time; the re-entry is undone). The
         wait for the answer ends with the lease too: the hold is lost then."""
         if hold.pending is not None:
-            await self._settled(hold)
-            if runtime.holds.get((hold.key, hold.task)) is not hold:
+            if not await self._settled(hold, deadline):
+                return False
+            if _unclaimed(runtime.holds.get((hold.key, hold.task))) is not hold:
                 return None
         self._check_live(runtime, hold, "re-enter")
         loop = runtime.loop
@@ -1902,6 +1903,10 @@ class LockBase:
         judged = hold.judged
         owner = hold.owner
         length = self._lease
+        if not hold.auto_renew:
+            # Nothing renews this hold: a re-entry through a lock object of a shorter lease
+            # never ends it sooner than it was to end.
+            length = max(length, hold.remaining())
         if hold.renew_until is not None:  # max_hold: a re-entry never carries the hold past it
             length = min(length, max(0.001, hold.renew_until - sent_at))
         call = self._policy.reenter(owner, entry, to_ms(length), runtime.topology.sharded)
@@ -1953,35 +1958,29 @@ class LockBase:
 
     # -- release -----------------------------------------------------------------------------
 
-    async def _release(self, runtime: Runtime, hold: Hold, entry: str | _Innermost | None) -> None:
-        """Release ``entry`` of ``hold`` (``None``: the hold itself; :data:`_INNERMOST`: what
-        the task holds innermost once the releases in flight are done — ``release()``)."""
-        if hold.pending is not None:
+    async def _release(self, runtime: Runtime, hold: Hold, entry: str | None) -> None:
+        """Release ``entry`` of ``hold`` (``None``: the hold itself). The level was chosen when
+        the caller asked: releases of ``hold`` still in flight (cancelled, going on in the
+        background) have claimed theirs (:attr:`Hold.claimed`), and this one runs after them."""
+        if hold.pending is not None or not _DIRECT:
+            job = self._owe_release(runtime, hold, entry, resent=False)
+            task = asyncio.current_task()
+            before = _cancelling(task)
             try:
-                await self._settled(hold)
+                await asyncio.shield(job)
             except asyncio.CancelledError:
-                # Cancelled while an earlier release of the hold (itself cancelled) finishes:
-                # this release is owed all the same (once per acquire) — it runs after that one.
-                if not runtime.closed:
-                    hold.pending = runtime.spawn(
-                        self._release_later(runtime, hold, entry, hold.pending), report=False
-                    )
-                raise
-            if entry is _INNERMOST:
-                # That release may have ended the hold (a semaphore's permit: the task's
-                # earlier permit is what it holds now).
-                runtime, hold = self._held_by(hold.task, "release")
-        if entry is _INNERMOST:
-            entry = hold.entries[-1] if hold.entries else None
-        assert not isinstance(entry, _Innermost)
+                if not (job.cancelled() and runtime.closed and _cancelling(task) == before):
+                    raise
+                # Not the caller's cancellation: the client's close ended the release.
+                self._check_live(runtime, hold, "release", entry)
+                raise LockError(
+                    f"cannot release {self._name!r}: the redis client was closed",
+                    name=self._name,
+                ) from None
+            return
         self._check_live(runtime, hold, "release", entry)
         if entry is not None and entry not in hold.entries:
             return  # that level was already released
-        if not _DIRECT:
-            job = runtime.spawn(self._release_job(runtime, hold, entry), report=False)
-            hold.pending = job
-            await asyncio.shield(job)
-            return
         task = asyncio.current_task()
         before = _cancelling(task)
         try:
@@ -1993,54 +1992,61 @@ class LockBase:
             # Cancelling a release does not stop it: it is sent again (every release is
             # idempotent) in the background, which also finishes the bookkeeping.
             if hold.live and hold.pending is None:
-                hold.pending = runtime.spawn(
-                    self._release_job(runtime, hold, entry, resent=True), report=False
-                )
+                self._owe_release(runtime, hold, entry, resent=True)
             raise
         if _cancelling(task) > before:
             raise asyncio.CancelledError()  # swallowed by redis-py; the release is done
 
-    async def _release_later(
+    def _owe_release(
+        self, runtime: Runtime, hold: Hold, entry: str | None, *, resent: bool
+    ) -> asyncio.Future[None]:
+        """Release ``entry`` of ``hold`` in the background, after the releases of ``hold``
+        already in flight; the level is claimed until then. ``resent``: the caller was
+        cancelled while this very release was in flight (see :meth:`_release_final`)."""
+        if hold.claimed is None:
+            hold.claimed = []
+        hold.claimed.append(entry)
+        job: asyncio.Future[None] = runtime.spawn(
+            self._release_job(runtime, hold, entry, hold.pending, resent=resent), report=False
+        )
+        hold.pending = job
+        # A callback, not a finally: a job the closed runtime cancelled before it started
+        # still gives its claim back.
+        job.add_done_callback(lambda _: self._release_done(runtime, hold, entry, job))
+        return job
+
+    async def _release_job(
         self,
         runtime: Runtime,
         hold: Hold,
-        entry: str | _Innermost | None,
+        entry: str | None,
         previous: asyncio.Future[None] | None,
+        *,
+        resent: bool,
     ) -> None:
-        """A release whose caller was cancelled while ``previous`` (an earlier release of
-        ``hold`` in flight) finished: run it once that one is done, as its caller would have."""
         if previous is not None:
             await asyncio.wait((previous,))  # (its outcome was its own caller's)
-        current = runtime.holds.get((hold.key, hold.task))
-        if entry is _INNERMOST and current is not None:
-            hold.pending, current.pending = None, asyncio.current_task()
-            hold, entry = current, current.entries[-1] if current.entries else None
-        if current is not hold or (entry is not None and entry not in hold.entries):
-            self._release_done(runtime, hold)  # released meanwhile
-            return
-        assert not isinstance(entry, _Innermost)
-        if not hold.live:
-            try:
-                self._check_live(runtime, hold, "release", entry)  # ends what was lost
-            finally:
-                self._release_done(runtime, hold)
-        await self._release_job(runtime, hold, entry, resent=True)
+        if not resent:
+            self._check_live(runtime, hold, "release", entry)
+            if entry is not None and entry not in hold.entries:
+                return  # that level was already released
+        if entry is None:
+            await self._release_final(runtime, hold, resent=resent)
+        else:
+            await self._release_entry(runtime, hold, entry)
 
-    async def _release_job(
-        self, runtime: Runtime, hold: Hold, entry: str | None, *, resent: bool = False
+    def _release_done(
+        self, runtime: Runtime, hold: Hold, entry: str | None, job: asyncio.Future[None]
     ) -> None:
-        try:
-            if entry is None:
-                await self._release_final(runtime, hold, resent=resent)
-            else:
-                await self._release_entry(runtime, hold, entry)
-        finally:
-            self._release_done(runtime, hold)
-
-    def _release_done(self, runtime: Runtime, hold: Hold) -> None:
-        """A release of ``hold`` run in the background (this task) is over."""
-        if hold.pending is asyncio.current_task():
+        """A release of ``hold`` run in the background (``job``) is over."""
+        if hold.claimed is not None:
+            hold.claimed.remove(entry)
+            if not hold.claimed:
+                hold.claimed = None
+        if hold.pending is job:
             hold.pending = None
+        if hold.pending is not None:
+            return  # a later release of it is still to run: it finishes the job
         if (
             hold.live
             and hold.task.done()
@@ -2184,12 +2190,17 @@ class _Guarded:
             hold.guards[task] = count
         else:
             hold.guards.pop(task, None)
-        by_loss = isinstance(exc, asyncio.CancelledError) and hold.cancelled_by_loss(task)
-        if by_loss:
+        by_loss = False
+        if hold.cancelled_by_loss(task):
+            # The loss cancelled the task: take that cancellation back (as a cancel scope
+            # does), whatever the block made of it — swallowed or turned into an error of its
+            # own, it must not make the task's next guarded block take its loss for a
+            # cancellation from outside.
             hold._loss_cancelled.discard(task)
             uncancel = getattr(task, "uncancel", None)
-            if uncancel is not None and uncancel() > 0:
-                by_loss = False  # cancelled from outside as well: that cancellation wins
+            outside = uncancel is not None and uncancel() > 0
+            # (cancelled from outside as well: that cancellation wins)
+            by_loss = isinstance(exc, asyncio.CancelledError) and not outside
         try:
             await self._lock.__aexit__(exc_type, exc, tb)
         except LockLostError as lost:
@@ -2204,6 +2215,49 @@ class _Guarded:
             raise LockLostError(
                 f"lease on {hold.name!r} lost: {hold.lost_reason}", name=hold.name
             ) from exc
+
+
+def _unclaimed(hold: Hold | None) -> Hold | None:
+    """The innermost of a task's holds (``hold``, then those under it) whose last release is
+    not already on its way (a cancelled ``release()`` going on in the background): the one the
+    task's next ``release()``, ``extend()``, re-entry or ``transfer()`` is about."""
+    while hold is not None and hold.claimed is not None and None in hold.claimed:
+        hold = hold.outer
+    return hold
+
+
+def _innermost_unclaimed(hold: Hold) -> str | None:
+    """The level of ``hold`` a ``release()`` called now releases: its innermost re-entry whose
+    release is not already on its way, else the hold itself (``None``)."""
+    claimed = hold.claimed
+    for entry in reversed(hold.entries):
+        if claimed is None or entry not in claimed:
+            return entry
+    return None
+
+
+def _in_stack(runtime: Runtime, hold: Hold) -> bool:
+    """Whether ``hold`` is one of its task's holds (on top, or under a later one)."""
+    top = runtime.holds.get((hold.key, hold.task))
+    while top is not None and top is not hold:
+        top = top.outer
+    return top is not None
+
+
+def _unstack(runtime: Runtime, hold: Hold, task: asyncio.Task[Any]) -> None:
+    """Take ``hold`` out of ``task``'s holds of its key, whether on top or not (a permit
+    released while the task took another: the one above would bring it back when it ends)."""
+    top = runtime.holds.get((hold.key, task))
+    if top is hold:
+        if hold.outer is not None:
+            runtime.holds[(hold.key, task)] = hold.outer
+        else:
+            del runtime.holds[(hold.key, task)]
+        return
+    while top is not None and top.outer is not hold:
+        top = top.outer
+    if top is not None:
+        top.outer = hold.outer
 
 
 def _end_the_rest(runtime: Runtime, key: Hashable, task: asyncio.Task[Any]) -> None:

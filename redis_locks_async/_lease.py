@@ -70,6 +70,7 @@ class Hold:
         "_lost_event",
         "acquired_at",
         "auto_renew",
+        "claimed",
         "confirm",
         "confirmed",
         "counters",
@@ -159,7 +160,10 @@ class Hold:
         self.next_entry = 0
         self.on_lost = on_lost
         self.spawn = spawn
-        self.pending: asyncio.Future[None] | None = None  # a release in flight
+        self.pending: asyncio.Future[None] | None = None  # the last release in flight
+        # The levels (re-entry ids; None: the hold itself) whose releases are in flight in the
+        # background (cancelled callers'): a release() called meanwhile releases another one.
+        self.claimed: list[str | None] | None = None
         self.outer: Hold | None = None  # the task's previous hold of the same key (permits)
         self.lost_reason = ""
         self.replicas: int | None = None  # replicas that acknowledged it (replica sync)

@@ -92,6 +92,21 @@ class _SidePolicy(Policy):
         args = (owner, self.side, to_ms(lease), self.keys.channel, "1" if sharded else "0")
         return Call(RW_RENEW, (self.keys.name,), args)
 
+    def transfer_conflict(
+        self, holds: Mapping[tuple[Hashable, asyncio.Task[Any]], Hold], task: asyncio.Task[Any]
+    ) -> str | None:
+        """A task holding both sides (a downgrade) hands over neither: the writer and a reader
+        would be two tasks."""
+        other = "r" if self.side == "w" else "w"
+        hold = holds.get((("rw", self.keys.name, other), task))
+        if hold is not None and hold.live:
+            return (
+                f"this task holds its {'read' if other == 'r' else 'write'} side too (a "
+                "downgrade): handed over alone, a writer and a reader would hold it at once in "
+                "two tasks — release one side first"
+            )
+        return None
+
     async def locked(self, client: Any) -> bool:
         """``rw_locked.lua``: the write side is locked while anyone holds the lock, the read
         side while a writer holds it."""

@@ -264,6 +264,15 @@ class FaultProxy:
         self._resets += len(lost)
         return len(lost)
 
+    def blackhole_held(self) -> int:
+        """Silently drop both ways, until :meth:`heal`, on the connections whose replies are
+        held right now: their commands ran, and their replies never come (a half-open
+        connection; the client waits out its own timeout). Returns how many."""
+        hit = [conn for conn in self._connections if conn.pending_down > 0]
+        for conn in hit:
+            conn.blackholed = True
+        return len(hit)
+
     def connections_where(self, needle: bytes) -> int:
         """How many open connections have sent ``needle`` (case-insensitive, within their first
         64 KiB)."""

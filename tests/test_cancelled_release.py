@@ -16,10 +16,13 @@ ran, another client takes and releases the lock, then the scope is cancelled.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import anyio
+import pytest
 
-from redis_locks_async import Lease, Lock
+from redis_locks_async import Lease, Lock, LockError, LockNotOwnedError, Semaphore
+from tests import _introspect as introspect
 from tests.conftest import Connect
 from tests.faultproxy import FaultProxy
 
@@ -92,7 +95,7 @@ async def _nested_holder(lock: Lock, held: asyncio.Event, go: asyncio.Event) -> 
     await go.wait()
 
 
-async def _cancelled_release(lock: Lock, fault_proxy: FaultProxy) -> None:
+async def _cancelled_release(lock: Lock | Semaphore, fault_proxy: FaultProxy) -> None:
     """Release one level of ``lock``, cancelled once its reply is held at ``fault_proxy``
     (the release goes on in the background)."""
     scope = anyio.CancelScope()
@@ -180,3 +183,227 @@ async def test_release_cancelled_while_an_earlier_release_finishes_still_release
         fault_proxy.heal()
         task.cancel()
         await asyncio.wait((task,), timeout=BOUND)
+
+
+async def _cancelled_at_first_await(lock: Lock | Semaphore) -> None:
+    """Release one level of ``lock`` with the caller cancelled at the first await (the
+    release is owed all the same)."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await lock.release()
+
+
+async def _until(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BOUND
+    while not await predicate():
+        assert loop.time() < deadline, what
+        await asyncio.sleep(POLL)
+
+
+async def test_owed_releases_of_permits_each_free_their_own(
+    fault_proxy: FaultProxy, connect: Connect, name: str
+) -> None:
+    """Bug (attack pass): a task holding three permits released one (cancelled, its reply
+    held), then another (cancelled at once: owed, queued behind the first), then a third
+    right after the first was done — the owed release and the third both chose the same
+    permit, and the first permit stayed held and renewed for as long as the task lived.
+    Each release() now claims its level when it is called."""
+    client = connect(fault_proxy.url)
+    sem = Semaphore(client, name, 3)
+    direct = connect()
+    assert await sem.acquire()  # loads the scripts and warms the pool
+    await sem.release()
+    ready, done = asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        for _ in range(3):
+            assert await sem.acquire(blocking=False)
+        third = sem.current_lease
+        fault_proxy.hold_replies()
+        await _cancelled_release(sem, fault_proxy)  # the third permit, in the background
+        await _cancelled_at_first_await(sem)  # the second one: owed
+        ready.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + BOUND
+        while any(lease is third for _, lease in introspect.task_leases(client)):
+            assert loop.time() < deadline, "the first release never finished"
+            await asyncio.sleep(0)  # (the owed one starts a loop step or two later)
+        await sem.release()  # the first permit
+        assert sem.current_lease is None
+        done.set()
+        await asyncio.Event().wait()  # the task lives on: nothing releases for it
+
+    task = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(ready.wait(), BOUND)
+        fault_proxy.release_replies()
+        await asyncio.wait_for(done.wait(), BOUND)
+
+        async def all_free() -> bool:
+            return await direct.zcard(name) == 0
+
+        await _until(all_free, "a permit is still held after three acquires and three releases")
+    finally:
+        fault_proxy.heal()
+        task.cancel()
+        await asyncio.wait((task,), timeout=BOUND)
+
+
+async def test_owed_release_of_a_lost_hold_leaves_a_fresh_hold_alone(
+    fault_proxy: FaultProxy, connect: Connect, name: str
+) -> None:
+    """Bug (attack pass; two holders): an owed release (cancelled while an earlier release of
+    the hold was in flight) chose its level only when it ran. The hold was lost meanwhile and
+    the task had acquired the lock afresh: the owed release freed the fresh hold, another
+    owner took the lock while the task held it, and nothing signalled it. An owed release
+    now ends only the hold it was called for (here: reports that hold's loss)."""
+    lost = asyncio.Event()
+    client = connect(fault_proxy.url)
+    lock = Lock(client, name, lease=6.0, on_lost=lambda _: lost.set())
+    direct = connect()
+    other = Lock(direct, name)
+    assert await lock.acquire()
+    await lock.release()
+    fresh, check, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        await _nested_holder(lock, asyncio.Event(), _set(asyncio.Event()))
+        fault_proxy.hold_replies()
+        await _cancelled_release(lock, fault_proxy)  # the inner level, in the background
+        await asyncio.sleep(0.2)  # (its re-send is out too)
+        assert fault_proxy.blackhole_held() > 0  # its replies never come
+        fault_proxy.release_replies()
+        await _cancelled_at_first_await(lock)  # the outer level: owed
+        await direct.delete(name)
+        await asyncio.wait_for(lost.wait(), BOUND)  # the lease keeper finds the loss
+        assert await lock.acquire(timeout=1.0)  # a fresh hold
+        fresh.set()
+        await check.wait()
+        assert lock.owned()
+        await lock.release()
+        done.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(fresh.wait(), 2 * BOUND)
+        # The blackholed release gives up at its deadline (about a lease); the owed one runs.
+        await introspect.drain(client, 2 * BOUND)
+        assert introspect.pending_cleanups(client) == 0, "the owed release never ran"
+        assert await other.locked()
+        assert not await other.acquire(blocking=False), "another owner took the fresh hold"
+        check.set()
+        await asyncio.wait_for(done.wait(), BOUND)
+    finally:
+        fault_proxy.heal()
+        task.cancel()
+        await asyncio.wait((task,), timeout=BOUND)
+
+
+async def test_transfer_after_owed_releases_is_refused(
+    fault_proxy: FaultProxy, connect: Connect, name: str
+) -> None:
+    """Bug (attack pass; two holders): after both levels of a nested hold were released
+    (each cancelled: one in flight, one owed) the task could still transfer the hold — and
+    the owed release freed it under its new owner, unsignalled. A hold whose last release is
+    on its way is no longer the task's: ``owned()`` is False, ``transfer()`` refuses."""
+    lock = Lock(connect(fault_proxy.url), name)
+    other = Lock(connect(), name)
+    assert await lock.acquire()
+    await lock.release()
+    worker = asyncio.create_task(asyncio.Event().wait())
+
+    async def holder() -> None:
+        await _nested_holder(lock, asyncio.Event(), _set(asyncio.Event()))
+        fault_proxy.hold_replies()
+        await _cancelled_release(lock, fault_proxy)
+        await _cancelled_at_first_await(lock)
+        assert not lock.owned()
+        with pytest.raises(LockNotOwnedError):
+            lock.transfer(worker)
+
+    try:
+        await asyncio.wait_for(holder(), BOUND)
+        fault_proxy.release_replies()
+        await _until_free(other)
+    finally:
+        fault_proxy.heal()
+        worker.cancel()
+        await asyncio.wait((worker,), timeout=BOUND)
+
+
+@pytest.mark.parametrize("owed", [False, True], ids=["in-flight", "owed"])
+async def test_reentry_waiting_for_a_release_keeps_its_timeout(
+    fault_proxy: FaultProxy, connect: Connect, name: str, owed: bool
+) -> None:
+    """Bug (attack pass; a hang): ``acquire(timeout=0.3)`` by a task whose release of an inner
+    level was in flight (cancelled, its reply held) waited for that release without a bound
+    — a whole lease — and then raised that release's own error. It now returns False at its
+    timeout."""
+    lock = Lock(connect(fault_proxy.url), name, lease=4.0)
+    assert await lock.acquire()
+    await lock.release()
+
+    async def holder() -> float:
+        await _nested_holder(lock, asyncio.Event(), _set(asyncio.Event()))
+        fault_proxy.hold_replies()
+        await _cancelled_release(lock, fault_proxy)
+        if owed:
+            await _cancelled_at_first_await(lock)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await lock.acquire(timeout=0.3) is False
+        return loop.time() - started
+
+    try:
+        took = await asyncio.wait_for(holder(), 3 * BOUND)
+        assert took < 1.5
+    finally:
+        fault_proxy.heal()
+
+
+@pytest.mark.parametrize("action", ["release", "acquire", "extend"])
+async def test_close_under_a_release_in_flight_is_no_stray_cancellation(
+    fault_proxy: FaultProxy, connect: Connect, name: str, action: str
+) -> None:
+    """Bug (attack pass): closing the client while a release of a nested hold was in flight
+    (cancelled, going on in the background) made the task's next ``release()``, ``acquire()``
+    or ``extend()`` raise a bare ``CancelledError`` (the background release's, passed on)
+    although nobody cancelled the task. They report the lost lease instead."""
+    client = connect(fault_proxy.url)
+    lock = Lock(client, name)
+    assert await lock.acquire()
+    await lock.release()
+    outcome: list[BaseException | None] = []
+    waiting = asyncio.Event()
+
+    async def holder() -> None:
+        await _nested_holder(lock, asyncio.Event(), _set(asyncio.Event()))
+        fault_proxy.hold_replies()
+        await _cancelled_release(lock, fault_proxy)
+        await _cancelled_at_first_await(lock)  # owed: waits for the first
+        waiting.set()
+        try:
+            await getattr(lock, action)()
+            outcome.append(None)
+        except BaseException as exc:  # the test looks at it below
+            outcome.append(exc)
+
+    task = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(waiting.wait(), BOUND)
+        await asyncio.sleep(0.05)  # the call waits for the release in flight
+        await asyncio.wait_for(client.aclose(), BOUND)
+        await asyncio.wait_for(task, BOUND)
+        assert len(outcome) == 1 and isinstance(outcome[0], LockError), outcome
+    finally:
+        fault_proxy.heal()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,), timeout=BOUND)
+
+
+def _set(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event

@@ -45,6 +45,7 @@ from redis_locks_async import (
     LockError,
     LockLostError,
     LockNotOwnedError,
+    ReadWriteLock,
     Semaphore,
 )
 from tests import _introspect as introspect
@@ -1622,3 +1623,93 @@ async def test_a_client_used_on_one_event_loop_after_another(
     assert proc.returncode == 0, err.decode()[-2000:]
     assert out.decode().strip() == "done"
     assert not logged, logged
+
+
+class TestFoundByContractProbe:
+    """Deviations from SPEC/README found by a probe that knew only those documents."""
+
+    @pytest.mark.parametrize("body", ["swallows", "converts"])
+    async def test_a_guarded_block_takes_back_its_cancellation_whatever_the_body_made_of_it(
+        self, client: aioredis.Redis, name: str, body: str
+    ) -> None:
+        """Bug: a guarded block whose body swallowed the loss's cancellation, or turned it
+        into an error of its own, left the task's cancel count raised (``cancelling()`` 1):
+        the task's next guarded block then took its own loss for a cancellation from outside
+        — a bare ``CancelledError`` instead of ``LockLostError``, and the task ended
+        cancelled. Leaving the block now takes the cancellation back, as a cancel scope
+        does."""
+        lock = Lock(client, name, lease=0.3, auto_renew=False)
+
+        class JobFailed(Exception):
+            pass
+
+        async def job(first: bool) -> None:
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                if not first:
+                    raise
+                if body == "converts":
+                    raise JobFailed("interrupted") from None
+
+        async def worker() -> list[str]:
+            outcomes = []
+            for first in (True, False):
+                try:
+                    async with lock.guarded():
+                        await job(first)
+                    outcomes.append("returned")
+                except LockLostError:
+                    outcomes.append("lost")
+                except JobFailed:
+                    outcomes.append("failed")
+                task = asyncio.current_task()
+                assert task is not None and task.cancelling() == 0
+            return outcomes
+
+        outcomes = await asyncio.wait_for(asyncio.create_task(worker()), 5.0)
+        assert outcomes == ["lost" if body == "swallows" else "failed", "lost"]
+
+    @pytest.mark.parametrize("side", ["write", "read"])
+    async def test_a_downgraded_hold_is_not_split_between_tasks(
+        self, client: aioredis.Redis, name: str, side: str
+    ) -> None:
+        """Bug (two holders): a task holding both sides of a ReadWriteLock (write, then read:
+        a downgrade) could transfer one side to another task — a writer and a reader then held
+        it at once in two tasks. ``transfer()`` refuses while the task holds the other side."""
+        rw = ReadWriteLock(client, name)
+        worker = asyncio.create_task(asyncio.Event().wait())
+        try:
+            assert await rw.write.acquire()
+            assert await rw.read.acquire()  # downgrade
+            moved = rw.write if side == "write" else rw.read
+            with pytest.raises(LockError, match="downgrade"):
+                moved.transfer(worker)
+            assert rw.write.owned() and rw.read.owned()
+            await rw.write.release()
+            assert rw.read.transfer(worker) is not None  # one side only: fine
+        finally:
+            worker.cancel()
+            await asyncio.wait((worker,), timeout=5.0)
+        await introspect.drain(client)
+        assert not await rw.write.locked()
+
+    async def test_a_shorter_reentry_never_cuts_a_hold_nothing_renews(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug: a hold taken with ``auto_renew=False`` (lease 5 s) and re-entered through a
+        lock object of a 0.3 s lease was cut to 0.3 s on the server, and nothing renewed it:
+        the hold was lost after 0.3 s. A re-entry never ends a hold that nothing renews sooner
+        than it was to end (SPEC §4: a shortened lease is followed by renewal)."""
+        outer = Lock(client, name, lease=5.0, auto_renew=False)
+        inner = Lock(client, name, lease=0.3)
+        assert await outer.acquire()
+        lease = outer.current_lease
+        assert lease is not None
+        assert await inner.acquire()
+        assert await client.pttl(name) > 4000
+        await asyncio.sleep(0.8)
+        assert not lease.lost
+        await inner.release()
+        await outer.release()
+        assert not await outer.locked()

@@ -71,7 +71,7 @@ from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 from . import _telemetry as telemetry
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
 from ._keys import LockKeys
-from ._lease import Hold, HoldState, Lease, LostCallback, Snapshot
+from ._lease import Hold, HoldState, Lease, LostCallback, Snapshot, unclaimed
 from ._owners import new_owner_id
 from ._parking import Granted, News, ParkingLot, Waiter
 from ._runtime import Runtime, existing_runtime, runtime_for
@@ -757,7 +757,7 @@ class LockBase:
         runtime = self._existing() if task is not None else None
         if task is None or runtime is None:
             return None
-        return _unclaimed(runtime.holds.get((self._policy.hold_key, task)))
+        return unclaimed(runtime.holds.get((self._policy.hold_key, task)))
 
     def _local_waiters(self) -> int:
         try:
@@ -809,7 +809,7 @@ class LockBase:
         """:meth:`acquire` for ``task``, its arguments checked."""
         runtime = self._runtime()
         policy = self._policy
-        hold = _unclaimed(runtime.holds.get((policy.hold_key, task)))
+        hold = unclaimed(runtime.holds.get((policy.hold_key, task)))
         limit = wait if blocking else 0.0
         # The replica sync (and a re-entry) ends with the caller's deadline (a try's: TRY_BOUND).
         deadline = None if limit is None else runtime.loop.time() + (limit or TRY_BOUND)
@@ -948,7 +948,7 @@ class LockBase:
         """
         task = _current("release", self._name, sys._getframe(0))
         runtime, hold = self._held_by(task, "release")
-        await self._release(runtime, hold, _innermost_unclaimed(hold))
+        await self._release(runtime, hold, _innermostunclaimed(hold))
 
     async def extend(self, lease: float | None = None) -> None:
         """Renew the calling task's lease now, to ``lease`` seconds (default: the lock's).
@@ -961,7 +961,8 @@ class LockBase:
         length = self._lease if lease is None else check_lease(lease)
         task = _current("extend", self._name, sys._getframe(0))
         runtime, hold = self._held_by(task, "extend")
-        await self._settled(hold)
+        # (Releases of the hold in flight are of inner levels — a hold whose last release is
+        # on its way is not the task's any more: independent of the lease, not waited for.)
         self._check_live(runtime, hold, "extend")
         loop = runtime.loop
         sent_at = loop.time()
@@ -1033,7 +1034,7 @@ class LockBase:
                 f"cannot transfer {self._name!r}: the target task has already ended",
                 name=self._name,
             )
-        theirs = runtime.holds.get((hold.key, task))
+        theirs = unclaimed(runtime.holds.get((hold.key, task)))
         if self._policy.reentrant and theirs is not None and theirs.state is not HoldState.LOST:
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task already holds it",
@@ -1706,7 +1707,7 @@ class LockBase:
         result = helper.result()
         if result is not True and not (isinstance(result, Lease) and result._hold is hold):
             return False
-        theirs = runtime.holds.get((hold.key, waiting))
+        theirs = unclaimed(runtime.holds.get((hold.key, waiting)))
         if self._policy.reentrant and theirs is not None and theirs.state is not HoldState.LOST:
             return False  # it holds the lock already: the helper's hold cannot join it
         hold.heir = None
@@ -1740,9 +1741,7 @@ class LockBase:
     def _held_by(self, task: asyncio.Task[Any], action: str) -> tuple[Runtime, Hold]:
         runtime = self._existing()
         hold = (
-            None
-            if runtime is None
-            else _unclaimed(runtime.holds.get((self._policy.hold_key, task)))
+            None if runtime is None else unclaimed(runtime.holds.get((self._policy.hold_key, task)))
         )
         if runtime is None or hold is None:
             raise LockNotOwnedError(
@@ -1894,7 +1893,7 @@ class LockBase:
         if hold.pending is not None:
             if not await self._settled(hold, deadline):
                 return False
-            if _unclaimed(runtime.holds.get((hold.key, hold.task))) is not hold:
+            if unclaimed(runtime.holds.get((hold.key, hold.task))) is not hold:
                 return None
         self._check_live(runtime, hold, "re-enter")
         loop = runtime.loop
@@ -1903,9 +1902,11 @@ class LockBase:
         judged = hold.judged
         owner = hold.owner
         length = self._lease
-        if not hold.auto_renew:
-            # Nothing renews this hold: a re-entry through a lock object of a shorter lease
-            # never ends it sooner than it was to end.
+        if not hold.auto_renew and self._auto_renew:
+            # Nothing renews this hold: a re-entry through an auto-renewing lock object of a
+            # shorter lease (it asks for the lock for as long as its block runs, not for a
+            # shorter lease) never ends it sooner than it was to end. One that is not
+            # auto-renewing sets the length it was given.
             length = max(length, hold.remaining())
         if hold.renew_until is not None:  # max_hold: a re-entry never carries the hold past it
             length = min(length, max(0.001, hold.renew_until - sent_at))
@@ -2171,8 +2172,7 @@ class _Guarded:
         self._hold, self._task = hold, task
         hold.guards[task] = hold.guards.get(task, 0) + 1
         if hold.state is HoldState.LOST:
-            task.cancel(f"lease on {hold.name!r} lost: {hold.lost_reason}")
-            hold._loss_cancelled.add(task)
+            hold.cancel_guarded(task)
         return lease
 
     async def __aexit__(
@@ -2191,12 +2191,11 @@ class _Guarded:
         else:
             hold.guards.pop(task, None)
         by_loss = False
-        if hold.cancelled_by_loss(task):
+        if hold.take_back_cancel(task):
             # The loss cancelled the task: take that cancellation back (as a cancel scope
             # does), whatever the block made of it — swallowed or turned into an error of its
             # own, it must not make the task's next guarded block take its loss for a
-            # cancellation from outside.
-            hold._loss_cancelled.discard(task)
+            # cancellation from outside. (One not delivered yet was withdrawn.)
             uncancel = getattr(task, "uncancel", None)
             outside = uncancel is not None and uncancel() > 0
             # (cancelled from outside as well: that cancellation wins)
@@ -2204,6 +2203,8 @@ class _Guarded:
         try:
             await self._lock.__aexit__(exc_type, exc, tb)
         except LockLostError as lost:
+            if count > 0:
+                asyncio.get_running_loop().call_soon(_rearm, hold, task)  # (see below)
             if by_loss:
                 raise lost from exc
             raise
@@ -2217,16 +2218,7 @@ class _Guarded:
             ) from exc
 
 
-def _unclaimed(hold: Hold | None) -> Hold | None:
-    """The innermost of a task's holds (``hold``, then those under it) whose last release is
-    not already on its way (a cancelled ``release()`` going on in the background): the one the
-    task's next ``release()``, ``extend()``, re-entry or ``transfer()`` is about."""
-    while hold is not None and hold.claimed is not None and None in hold.claimed:
-        hold = hold.outer
-    return hold
-
-
-def _innermost_unclaimed(hold: Hold) -> str | None:
+def _innermostunclaimed(hold: Hold) -> str | None:
     """The level of ``hold`` a ``release()`` called now releases: its innermost re-entry whose
     release is not already on its way, else the hold itself (``None``)."""
     claimed = hold.claimed
@@ -2279,6 +2271,5 @@ async def _settle_undo(undo: asyncio.Task[None] | None) -> None:
 
 def _rearm(hold: Hold, task: asyncio.Task[Any]) -> None:
     """Cancel ``task`` again for the guarded blocks it still has open on the lost ``hold``."""
-    if hold.guards.get(task, 0) > 0 and not task.done() and not hold.cancelled_by_loss(task):
-        hold._loss_cancelled.add(task)
-        task.cancel(f"lease on {hold.name!r} lost: {hold.lost_reason}")
+    if hold.guards.get(task, 0) > 0 and hold.state is HoldState.LOST:
+        hold.cancel_guarded(task)

@@ -65,6 +65,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import math
 import random
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
@@ -80,6 +81,7 @@ from ._notify import SubscriptionHub
 from ._parking import ParkingLot
 from ._runtime import ClientRef, Runtime, close_with, existing_runtime, transient_error
 from ._scripts import Call, EncodableArg, Script
+from ._wire import TORN_DOWN, connection_failed
 
 __all__ = (
     "INSPECT_TIMEOUT",
@@ -98,6 +100,9 @@ _SWEEP_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _SWEEP_PATIENCE: Final = 5.0  # seconds past two leases a clean-up keeps trying a master
 _SWEEP_MIN_PATIENCE: Final = 0.25  # seconds a clean-up pass waits for a master at least
 _SWEEP_BATCH: Final = 500  # abandons per clean-up pipeline
+# Clean-ups kept for a master silent past their give-up time (see _Janitor): past this many the
+# oldest are dropped (a master down for hours under a steady stream of acquisitions).
+_SILENT_DEBTS_MAX: Final = 10_000
 # The pauses between the few tries of a clean-up after the close (FanOut._sweep_once).
 _LATE_SWEEP_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5)
 INSPECT_TIMEOUT: Final = 0.5  # seconds a master's reply is waited for outside a lock's rounds
@@ -250,6 +255,8 @@ class FanOut:
             return await command(master)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             return exc
+        except TORN_DOWN as exc:  # a transport torn down under the call (the master restarted)
+            return connection_failed(exc)
 
     async def _round(
         self,
@@ -785,6 +792,11 @@ def _outcome(task: asyncio.Task[object], master: Any) -> object:
         return task.result()
     if not isinstance(exc, Exception):
         raise exc
+    if isinstance(exc, TORN_DOWN):
+        # redis-py on a transport torn down under the call (the master restarted): a broken
+        # connection, retried as one — not a bug to report.
+        logger.info("renewing on %r: the connection broke under the call (%r)", master, exc)
+        return connection_failed(exc)
     logger.error("renewing on %r failed", master, exc_info=exc)
     return exc
 
@@ -819,13 +831,18 @@ async def _pipelined(
 class _Debt:
     """One abandon a master is owed (see :class:`_Janitor`)."""
 
-    __slots__ = ("channel", "keys", "patience", "settled", "until")
+    __slots__ = ("channel", "keys", "owed_at", "patience", "settled", "until")
 
-    def __init__(self, state: _Owner, until: float, settled: asyncio.Future[None]) -> None:
+    def __init__(
+        self, state: _Owner, until: float, settled: asyncio.Future[None], owed_at: float
+    ) -> None:
         self.keys = state.keys
         self.channel = state.channel
         self.patience = state.node_timeout
-        self.until = until  # past this the value's key has expired by itself on the master
+        # Past this the value's key has expired by itself on the master — if the master ran
+        # the commands sent to it by then (it answered something since ``owed_at``).
+        self.until = until
+        self.owed_at = owed_at
         self.settled = settled
 
 
@@ -839,9 +856,16 @@ class _Janitor:
     value's key has surely expired. So a silent master costs one connection and one task
     however many holds were released meanwhile, instead of a task and a connection per release
     (which filled the master's connection pool). An abandon also fences its value on the
-    master, so an attempt of that round arriving after it is refused."""
+    master, so an attempt of that round arriving after it is refused.
 
-    __slots__ = ("_debts", "_fan", "_master", "_runtime", "_task", "loop")
+    "Surely expired" needs the master to have run what was sent to it: a stopped master
+    (SIGSTOP, a long GC-like pause of its host) runs a round's attempt still queued on its
+    socket when it resumes, and the key it then takes lives a whole lease from that moment.
+    So a debt is given up by time only once the master has answered something since it was
+    owed (it keeps refusing with a transient error: BUSY, LOADING, READONLY); a master silent
+    all along is retried, at most once a second, until it answers."""
+
+    __slots__ = ("_debts", "_fan", "_heard", "_master", "_runtime", "_task", "loop")
 
     def __init__(self, fan: FanOut, master: Any) -> None:
         self._fan = fan
@@ -850,12 +874,14 @@ class _Janitor:
         self._runtime = existing_runtime(fan)
         self._debts: dict[str, _Debt] = {}
         self._task: asyncio.Task[None] | None = None
+        self._heard = -math.inf  # loop time of the master's last answer to a clean-up
 
     def owe(self, state: _Owner, value: str, until: float) -> asyncio.Future[None]:
         """Owe the abandon of ``value`` (a round of ``state``); done once settled."""
         debt = self._debts.get(value)
         if debt is None:
-            debt = self._debts[value] = _Debt(state, until, self.loop.create_future())
+            now = self.loop.time()
+            debt = self._debts[value] = _Debt(state, until, self.loop.create_future(), now)
         else:
             debt.until = max(debt.until, until)
         if self._task is None or self._task.done():
@@ -892,6 +918,8 @@ class _Janitor:
                     _pipelined, script=LOCK_RELEASE, calls=calls, numkeys=numkeys
                 )
                 replies = await self._fan._one(self._master, abandon, patience)
+                if isinstance(replies, list):
+                    self._heard = self.loop.time()
                 if isinstance(replies, list) and len(replies) == len(batch):
                     for (value, _), reply in zip(batch, replies, strict=True):
                         if not (isinstance(reply, BaseException) and transient_error(reply)):
@@ -905,8 +933,21 @@ class _Janitor:
                 failures += 1
                 delay = _SWEEP_BACKOFF[min(failures, len(_SWEEP_BACKOFF)) - 1]
                 now = self.loop.time()
+                overdue = []
                 for value, debt in list(self._debts.items()):
                     if now + delay >= debt.until:
+                        if self._heard >= debt.owed_at:
+                            self._settle(value)
+                        else:
+                            overdue.append(value)  # silent all along: it may run it yet
+                if len(overdue) > _SILENT_DEBTS_MAX:
+                    logger.warning(
+                        "%r has been silent for long: %d clean-ups of it given up (their keys "
+                        "may be taken when it answers again, each for at most a lease)",
+                        self._master,
+                        len(overdue) - _SILENT_DEBTS_MAX,
+                    )
+                    for value in overdue[: len(overdue) - _SILENT_DEBTS_MAX]:
                         self._settle(value)
                 if self._debts:
                     await asyncio.sleep(delay)

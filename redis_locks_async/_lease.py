@@ -26,7 +26,7 @@ from . import _telemetry as telemetry
 if TYPE_CHECKING:
     from ._scripts import Call
 
-__all__ = ("Hold", "HoldState", "Lease", "LostCallback", "Snapshot")
+__all__ = ("Hold", "HoldState", "Lease", "LostCallback", "Snapshot", "unclaimed")
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -66,6 +66,7 @@ class Hold:
 
     __slots__ = (
         "__weakref__",
+        "_deferred_cancels",
         "_loss_cancelled",
         "_lost_event",
         "acquired_at",
@@ -179,6 +180,9 @@ class Hold:
         self._lost_event: asyncio.Event | None = None
         self.counters = counters
         self._loss_cancelled: set[asyncio.Task[Any]] = set()
+        # Guarded tasks that found the loss themselves: their cancellation waits for them to
+        # suspend (see cancel_guarded).
+        self._deferred_cancels: dict[asyncio.Task[Any], asyncio.Handle] = {}
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -305,10 +309,8 @@ class Hold:
         if self._lost_event is not None:
             self._lost_event.set()
         logger.warning("lease on %r lost: %s", self.name, reason)
-        for task in self.guards:
-            if not task.done():
-                self._loss_cancelled.add(task)
-                task.cancel(f"lease on {self.name!r} lost: {reason}")
+        for task in list(self.guards):
+            self.cancel_guarded(task)
         if self.on_lost is not None:
             try:
                 result = self.on_lost(self.view)
@@ -322,9 +324,41 @@ class Hold:
             sink.hold_ended(self.kind, self.loop.time() - self.acquired_at, lost=True)
         return True
 
+    def cancel_guarded(self, task: asyncio.Task[Any]) -> None:
+        """Cancel ``task``, which has a guarded block open on this lost hold. The task that is
+        running — it found the loss itself (an ``extend()``, a re-entry, a release, entering
+        the block) — is cancelled once it suspends: cancelled now, the cancellation would wait
+        for its next ``await`` even if that came after the block, which raises
+        :class:`LockLostError` anyway (see :meth:`take_back_cancel`)."""
+        if task.done() or task in self._loss_cancelled or task in self._deferred_cancels:
+            return
+        if task is asyncio.current_task(self.loop):
+            self._deferred_cancels[task] = self.loop.call_soon(self._cancel_deferred, task)
+            return
+        self._loss_cancelled.add(task)
+        task.cancel(f"lease on {self.name!r} lost: {self.lost_reason}")
+
+    def _cancel_deferred(self, task: asyncio.Task[Any]) -> None:
+        if self._deferred_cancels.pop(task, None) is not None and self.guards.get(task):
+            self.cancel_guarded(task)
+
+    def take_back_cancel(self, task: asyncio.Task[Any]) -> bool:
+        """A guarded block of ``task`` ends: withdraw a cancellation the loss has not yet
+        delivered (``False``), or say the loss cancelled ``task`` (``True``: the caller takes
+        it back with ``uncancel()``)."""
+        handle = self._deferred_cancels.pop(task, None)
+        if handle is not None:
+            handle.cancel()
+            return False
+        if task in self._loss_cancelled:
+            self._loss_cancelled.discard(task)
+            return True
+        return False
+
     def cancelled_by_loss(self, task: asyncio.Task[Any]) -> bool:
-        """Whether :meth:`mark_lost` cancelled ``task`` (a guarded block)."""
-        return task in self._loss_cancelled
+        """Whether :meth:`mark_lost` cancelled ``task`` (a guarded block), or will once it
+        suspends."""
+        return task in self._loss_cancelled or task in self._deferred_cancels
 
     async def wait_lost(self) -> None:
         """Return when the lease is lost."""
@@ -424,3 +458,13 @@ class Lease:
             f"<Lease {hold.name!r} token={hold.fencing_token} {hold.state.value} "
             f"count={hold.count} remaining={hold.remaining():.3f}s>"
         )
+
+
+def unclaimed(hold: Hold | None) -> Hold | None:
+    """The innermost of a task's holds (``hold``, then those under it) whose last release is
+    not already on its way (a cancelled ``release()`` going on in the background): the one the
+    task holds as far as its next ``release()``, ``extend()``, re-entry, ``transfer()`` — or
+    another primitive's rule (a read/write lock's upgrade) — is concerned."""
+    while hold is not None and hold.claimed is not None and None in hold.claimed:
+        hold = hold.outer
+    return hold

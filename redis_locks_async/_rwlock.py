@@ -32,6 +32,7 @@ from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from ._core import Attempt, LockBase, Policy
+from ._lease import unclaimed
 from ._scripts import Call, Script, ints
 from ._validation import to_ms
 
@@ -98,7 +99,7 @@ class _SidePolicy(Policy):
         """A task holding both sides (a downgrade) hands over neither: the writer and a reader
         would be two tasks."""
         other = "r" if self.side == "w" else "w"
-        hold = holds.get((("rw", self.keys.name, other), task))
+        hold = unclaimed(holds.get((("rw", self.keys.name, other), task)))
         if hold is not None and hold.live:
             return (
                 f"this task holds its {'read' if other == 'r' else 'write'} side too (a "
@@ -134,7 +135,7 @@ class _WritePolicy(_SidePolicy):
         self, holds: Mapping[tuple[Hashable, asyncio.Task[Any]], Hold], task: asyncio.Task[Any]
     ) -> str | None:
         """An upgrade (write while holding read) is refused: it would deadlock."""
-        read = holds.get((("rw", self.keys.name, "r"), task))
+        read = unclaimed(holds.get((("rw", self.keys.name, "r"), task)))
         if read is not None and read.live:
             return (
                 "this task holds it for reading; taking it for writing as well would wait for "

@@ -21,7 +21,16 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 
-from redis_locks_async import Lease, Lock, LockError, LockNotOwnedError, Semaphore
+from redis_locks_async import (
+    Lease,
+    Lock,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    ReadWriteLock,
+    Semaphore,
+)
+from redis_locks_async._core import LockBase
 from tests import _introspect as introspect
 from tests.conftest import Connect
 from tests.faultproxy import FaultProxy
@@ -30,7 +39,7 @@ POLL = 0.002
 BOUND = 5.0
 
 
-async def _until_free(lock: Lock) -> None:
+async def _until_free(lock: LockBase) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + BOUND
     while await lock.locked():
@@ -95,7 +104,7 @@ async def _nested_holder(lock: Lock, held: asyncio.Event, go: asyncio.Event) -> 
     await go.wait()
 
 
-async def _cancelled_release(lock: Lock | Semaphore, fault_proxy: FaultProxy) -> None:
+async def _cancelled_release(lock: LockBase, fault_proxy: FaultProxy) -> None:
     """Release one level of ``lock``, cancelled once its reply is held at ``fault_proxy``
     (the release goes on in the background)."""
     scope = anyio.CancelScope()
@@ -185,7 +194,7 @@ async def test_release_cancelled_while_an_earlier_release_finishes_still_release
         await asyncio.wait((task,), timeout=BOUND)
 
 
-async def _cancelled_at_first_await(lock: Lock | Semaphore) -> None:
+async def _cancelled_at_first_await(lock: LockBase) -> None:
     """Release one level of ``lock`` with the caller cancelled at the first await (the
     release is owed all the same)."""
     with anyio.CancelScope() as scope:
@@ -407,3 +416,146 @@ async def test_close_under_a_release_in_flight_is_no_stray_cancellation(
 def _set(event: asyncio.Event) -> asyncio.Event:
     event.set()
     return event
+
+
+async def test_extend_does_not_wait_for_an_inner_release_in_flight(
+    fault_proxy: FaultProxy, connect: Connect, name: str
+) -> None:
+    """Bug (attack pass; a hang): ``extend(1.0)`` by a task whose release of an inner level was
+    in flight (cancelled, its reply never coming) waited for that release — up to a whole
+    lease — although the two are independent (a hold whose last release is on its way is not
+    the task's any more, so only inner levels can be in flight)."""
+    lock = Lock(connect(fault_proxy.url), name, lease=6.0)
+    assert await lock.acquire()
+    await lock.release()
+
+    async def holder() -> float:
+        await _nested_holder(lock, asyncio.Event(), _set(asyncio.Event()))
+        fault_proxy.hold_replies()
+        await _cancelled_release(lock, fault_proxy)
+        await asyncio.sleep(0.2)  # (its re-send is out too)
+        assert fault_proxy.blackhole_held() > 0
+        fault_proxy.release_replies()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await lock.extend(1.0)
+        took = loop.time() - started
+        await lock.release()
+        return took
+
+    try:
+        took = await asyncio.wait_for(holder(), 4 * BOUND)
+        assert took < 2.0, f"extend() took {took:.2f} s"
+    finally:
+        fault_proxy.heal()
+
+
+@pytest.mark.parametrize("owed", [False, True], ids=["in-flight", "owed"])
+async def test_writing_after_a_cancelled_read_release_is_no_upgrade(
+    fault_proxy: FaultProxy, connect: Connect, name: str, owed: bool
+) -> None:
+    """Bug (attack pass; a wrong error): a task whose last read release was on its way
+    (cancelled) was refused the write side as an "upgrade" — the refusal looked at the read
+    hold whose release was owed, which is no longer the task's."""
+    rw = ReadWriteLock(connect(fault_proxy.url), name)
+    for side in (rw.read, rw.write):
+        assert await side.acquire()  # loads the scripts and warms the pool
+        await side.release()
+
+    async def holder() -> None:
+        assert await rw.read.acquire()
+        if owed:
+            assert await rw.read.acquire()
+        fault_proxy.hold_replies()
+        await _cancelled_release(rw.read, fault_proxy)
+        if owed:
+            await _cancelled_at_first_await(rw.read)
+        assert not rw.read.owned()
+        fault_proxy.release_replies()
+        assert await rw.write.acquire(timeout=2.0)
+        await rw.write.release()
+
+    try:
+        await asyncio.wait_for(holder(), 3 * BOUND)
+    finally:
+        fault_proxy.heal()
+
+
+async def test_a_downgrade_whose_write_release_is_on_its_way_can_be_transferred(
+    fault_proxy: FaultProxy, connect: Connect, name: str
+) -> None:
+    """Bug (attack pass; a wrong error): after a downgrade, with the write side's release on
+    its way (cancelled), ``rw.read.transfer()`` was refused as splitting a downgrade."""
+    rw = ReadWriteLock(connect(fault_proxy.url), name)
+    for side in (rw.read, rw.write):
+        assert await side.acquire()
+        await side.release()
+    go = asyncio.Event()
+
+    async def worker() -> None:
+        await go.wait()
+        await rw.read.release()
+
+    task = asyncio.create_task(worker())
+
+    async def holder() -> None:
+        assert await rw.write.acquire()
+        assert await rw.read.acquire()  # downgrade
+        fault_proxy.hold_replies()
+        await _cancelled_release(rw.write, fault_proxy)
+        assert not rw.write.owned()
+        rw.read.transfer(task)
+        fault_proxy.release_replies()
+        go.set()
+
+    try:
+        await asyncio.wait_for(holder(), BOUND)
+        await asyncio.wait_for(task, BOUND)
+        await _until_free(rw.write)
+    finally:
+        fault_proxy.heal()
+        task.cancel()
+        await asyncio.wait((task,), timeout=BOUND)
+
+
+@pytest.mark.parametrize("how", ["extend", "inner-release", "reenter"])
+async def test_a_guarded_task_that_finds_the_loss_itself_gets_no_stray_cancellation(
+    connect: Connect, name: str, how: str
+) -> None:
+    """Bug (attack pass): a guarded task that found the loss itself (its ``extend()``, inner
+    ``release()`` or re-entry raised ``LockLostError``), caught that error and left the block
+    with no further ``await`` was hit by a ``CancelledError`` at its next ``await`` after the
+    block, although nothing cancelled it (``cancelling()`` 0): the loss had cancelled the
+    running task, which arms the cancellation for its next suspension, and the block's exit
+    could not take that back. The running task's cancellation now waits for it to suspend,
+    and leaving the block withdraws it."""
+    lock = Lock(connect(), name)
+    direct = connect()
+
+    async def body() -> list[str]:
+        seen = []
+        try:
+            async with lock.guarded():
+                if how == "inner-release":
+                    assert await lock.acquire()
+                await direct.delete(name)
+                try:
+                    if how == "extend":
+                        await lock.extend()
+                    elif how == "inner-release":
+                        await lock.release()
+                    else:
+                        await lock.acquire()
+                except LockLostError:
+                    seen.append("caught")
+        except LockLostError:
+            seen.append("lost")
+        await asyncio.sleep(0.01)  # no stray cancellation here
+        seen.append("went on")
+        return seen
+
+    assert await asyncio.wait_for(asyncio.create_task(body()), BOUND) == [
+        "caught",
+        "lost",
+        "went on",
+    ]

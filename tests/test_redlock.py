@@ -421,6 +421,36 @@ class TestMastersDown:
         await until(lambda: no_key_left(inspectors, name), "no key left", within=2.0 + 3.0)
         await settle(lock)
 
+    async def test_masters_stopped_past_the_clean_up_time_are_cleaned_when_they_resume(
+        self,
+        masters: list[ServerProcess],
+        clients: Clients,
+        inspectors: list[aioredis.Redis],
+        name: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (contract probe; a hold nobody owns): a failed round's clean-up of a
+        stopped master gave up two leases (plus a few seconds) later, taking the master's copy
+        for expired — but a stopped master had not run the round's attempt yet: it ran it when
+        it resumed, and the key it took lived a whole lease, held by nobody and refused to
+        everybody. A master silent all along is now retried until it answers."""
+        monkeypatch.setattr(_fanout, "_SWEEP_PATIENCE", 0.2)  # by time: 2.2 s after the round
+        monkeypatch.setattr(_fanout, "_SWEEP_BACKOFF", (0.05, 0.1))
+        lock = RedLock(clients(3), name, lease=1.0, node_timeout=0.1)
+        async with lock:
+            pass  # every master connected, the scripts loaded
+        masters[1].pause()
+        masters[2].pause()
+        try:
+            assert await lock.acquire(timeout=0.3) is False  # the attempts wait on their sockets
+            await asyncio.sleep(3.0)  # past the clean-ups' time
+        finally:
+            masters[1].resume()
+            masters[2].resume()
+        # The resumed masters run the attempts (a key for a lease of 1 s): cleaned up sooner.
+        await until(lambda: no_key_left(inspectors, name), "no key left", within=0.6)
+        await settle(lock)
+
     async def test_stopped_master_delays_acquire_by_at_most_node_timeout(
         self, masters: list[ServerProcess], clients: Clients, name: str
     ) -> None:

@@ -182,7 +182,7 @@ class Hold:
         self._loss_cancelled: set[asyncio.Task[Any]] = set()
         # Guarded tasks that found the loss themselves: their cancellation waits for them to
         # suspend (see cancel_guarded).
-        self._deferred_cancels: dict[asyncio.Task[Any], asyncio.Handle] = {}
+        self._deferred_cancels: dict[asyncio.Task[Any], asyncio.Handle] | None = None
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -330,23 +330,28 @@ class Hold:
         the block) — is cancelled once it suspends: cancelled now, the cancellation would wait
         for its next ``await`` even if that came after the block, which raises
         :class:`LockLostError` anyway (see :meth:`take_back_cancel`)."""
-        if task.done() or task in self._loss_cancelled or task in self._deferred_cancels:
+        deferred = self._deferred_cancels
+        if task.done() or task in self._loss_cancelled or (deferred and task in deferred):
             return
         if task is asyncio.current_task(self.loop):
-            self._deferred_cancels[task] = self.loop.call_soon(self._cancel_deferred, task)
+            if deferred is None:
+                deferred = self._deferred_cancels = {}
+            deferred[task] = self.loop.call_soon(self._cancel_deferred, task)
             return
         self._loss_cancelled.add(task)
         task.cancel(f"lease on {self.name!r} lost: {self.lost_reason}")
 
     def _cancel_deferred(self, task: asyncio.Task[Any]) -> None:
-        if self._deferred_cancels.pop(task, None) is not None and self.guards.get(task):
+        deferred = self._deferred_cancels
+        if deferred and deferred.pop(task, None) is not None and self.guards.get(task):
             self.cancel_guarded(task)
 
     def take_back_cancel(self, task: asyncio.Task[Any]) -> bool:
         """A guarded block of ``task`` ends: withdraw a cancellation the loss has not yet
         delivered (``False``), or say the loss cancelled ``task`` (``True``: the caller takes
         it back with ``uncancel()``)."""
-        handle = self._deferred_cancels.pop(task, None)
+        deferred = self._deferred_cancels
+        handle = deferred.pop(task, None) if deferred else None
         if handle is not None:
             handle.cancel()
             return False
@@ -358,7 +363,8 @@ class Hold:
     def cancelled_by_loss(self, task: asyncio.Task[Any]) -> bool:
         """Whether :meth:`mark_lost` cancelled ``task`` (a guarded block), or will once it
         suspends."""
-        return task in self._loss_cancelled or task in self._deferred_cancels
+        deferred = self._deferred_cancels
+        return task in self._loss_cancelled or bool(deferred and task in deferred)
 
     async def wait_lost(self) -> None:
         """Return when the lease is lost."""

@@ -948,7 +948,7 @@ class LockBase:
         """
         task = _current("release", self._name, sys._getframe(0))
         runtime, hold = self._held_by(task, "release")
-        await self._release(runtime, hold, _innermostunclaimed(hold))
+        await self._release(runtime, hold, _innermost_unclaimed(hold))
 
     async def extend(self, lease: float | None = None) -> None:
         """Renew the calling task's lease now, to ``lease`` seconds (default: the lock's).
@@ -2218,7 +2218,7 @@ class _Guarded:
             ) from exc
 
 
-def _innermostunclaimed(hold: Hold) -> str | None:
+def _innermost_unclaimed(hold: Hold) -> str | None:
     """The level of ``hold`` a ``release()`` called now releases: its innermost re-entry whose
     release is not already on its way, else the hold itself (``None``)."""
     claimed = hold.claimed

@@ -757,6 +757,8 @@ class LockBase:
         runtime = self._existing() if task is not None else None
         if task is None or runtime is None:
             return None
+        if runtime.heirs:
+            _inherit(runtime, task)
         return unclaimed(runtime.holds.get((self._policy.hold_key, task)))
 
     def _local_waiters(self) -> int:
@@ -809,6 +811,8 @@ class LockBase:
         """:meth:`acquire` for ``task``, its arguments checked."""
         runtime = self._runtime()
         policy = self._policy
+        if runtime.heirs:
+            _inherit(runtime, task)
         hold = unclaimed(runtime.holds.get((policy.hold_key, task)))
         limit = wait if blocking else 0.0
         # The replica sync (and a re-entry) ends with the caller's deadline (a try's: TRY_BOUND).
@@ -1082,6 +1086,9 @@ class LockBase:
         tb: TracebackType | None,
     ) -> None:
         task = _current("exit", self._name)
+        runtime = self._existing()
+        if runtime is not None and runtime.heirs:
+            _inherit(runtime, task)  # (the stack of enters comes with the hold)
         stack = self._entered.get(task)
         if not stack:
             raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
@@ -1647,7 +1654,9 @@ class LockBase:
         hold.outer = runtime.holds.get((hold.key, task))
         runtime.holds[(hold.key, task)] = hold
         if _HELPER_TASKS:
-            hold.heir = _wait_for_caller(task)
+            hold.heir = heir = _wait_for_caller(task)
+            if heir is not None:
+                runtime.heirs.setdefault(heir, []).append(hold)
         runtime.keeper.add(hold)
         self._watch(runtime, hold, task)
         return hold
@@ -1659,6 +1668,8 @@ class LockBase:
         hold.task = task
 
         def task_ended(_: asyncio.Task[Any]) -> None:
+            if hold.heir is not None:
+                _unlist_heir(runtime, hold)
             if runtime.holds.get((hold.key, task)) is not hold or runtime.closed:
                 return
             if hold.pending is not None:
@@ -1740,6 +1751,8 @@ class LockBase:
 
     def _held_by(self, task: asyncio.Task[Any], action: str) -> tuple[Runtime, Hold]:
         runtime = self._existing()
+        if runtime is not None and runtime.heirs:
+            _inherit(runtime, task)
         hold = (
             None if runtime is None else unclaimed(runtime.holds.get((self._policy.hold_key, task)))
         )
@@ -2216,6 +2229,30 @@ class _Guarded:
             raise LockLostError(
                 f"lease on {hold.name!r} lost: {hold.lost_reason}", name=hold.name
             ) from exc
+
+
+def _inherit(runtime: Runtime, task: asyncio.Task[Any]) -> None:
+    """Python 3.10/3.11: hand ``task`` now the holds that ``asyncio.wait_for``'s helper task
+    took for it and returned with. The helper's own end does it (its done-callback), but
+    ``wait_for`` may give ``task`` the helper's result before that callback has run — when
+    ``task`` was cancelled in the same loop step as the helper returned."""
+    holds = runtime.heirs.get(task)
+    if not holds:
+        return
+    for hold in list(holds):
+        callback = hold.task_callback
+        if hold.task.done() and hold.heir is task and callback is not None:
+            callback(hold.task)  # (task_ended: hands the hold up, and unlists it)
+
+
+def _unlist_heir(runtime: Runtime, hold: Hold) -> None:
+    """``hold``'s helper task ended: it is no longer owed to its heir's next look."""
+    holds = runtime.heirs.get(hold.heir) if hold.heir is not None else None
+    if holds is not None:
+        if hold in holds:
+            holds.remove(hold)
+        if not holds:
+            del runtime.heirs[hold.heir]  # type: ignore[arg-type]
 
 
 def _innermost_unclaimed(hold: Hold) -> str | None:

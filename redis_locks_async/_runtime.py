@@ -198,6 +198,7 @@ class Runtime:
         "_undoing",
         "acquiring",
         "closed",
+        "heirs",
         "holds",
         "in_flight",
         "keeper",
@@ -220,6 +221,9 @@ class Runtime:
         # (hold key, task) -> how many acquire() calls of that task for that key are running
         # (a task that waits for a lock cannot be handed it: it would wait for itself).
         self.acquiring: dict[tuple[Hashable, asyncio.Task[Any]], int] = {}
+        # Python 3.10/3.11: task awaiting asyncio.wait_for -> the holds its helper task took,
+        # to be handed up to it (LockBase._hand_up) — at the latest when it next looks.
+        self.heirs: dict[asyncio.Task[Any], list[Hold]] = {}
         # Channels with an uncontended attempt in flight -> a future for those who wait for it
         # to end (created only when someone does).
         self.trying: dict[str, asyncio.Future[None] | None] = {}

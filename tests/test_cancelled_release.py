@@ -554,8 +554,7 @@ async def test_a_guarded_task_that_finds_the_loss_itself_gets_no_stray_cancellat
         seen.append("went on")
         return seen
 
-    assert await asyncio.wait_for(asyncio.create_task(body()), BOUND) == [
-        "caught",
-        "lost",
-        "went on",
-    ]
+    seen = await asyncio.wait_for(asyncio.create_task(body()), BOUND)
+    # (Python 3.10 runs the release in a job task: the loss cancels the block at that await
+    # instead of the release raising in it — the block's own LockLostError comes out either way.)
+    assert seen in (["caught", "lost", "went on"], ["lost", "went on"]), seen

@@ -169,6 +169,63 @@ class TestOwnership:
         for way in WAIT_FOR_WAYS:
             await assert_wait_for_hands_the_hold_up(lock, rival, way)
 
+    @pytest.mark.parametrize("way", ["acquire", "enter", "stack"])
+    async def test_wait_for_returns_the_hold_when_its_caller_is_cancelled_just_then(
+        self, client: aioredis.Redis, name: str, way: str
+    ) -> None:
+        """Bug (Python 3.10/3.11, found by a probe): when the task awaiting ``wait_for`` was
+        cancelled in the loop step its helper returned holding the lock, ``wait_for`` handed
+        it the result (``True``, a lease) before the helper's end handed it the hold — so
+        ``owned()`` was False, ``release()`` raised ``LockNotOwnedError`` and ``__aexit__``
+        "exit without a matching enter", and the hold arrived a step later, held until the
+        task ended. The task now receives it as soon as it looks. (Python 3.12+ runs no
+        helper: the same test checks plain ownership there.)"""
+        lock = Lock(client, name)
+        outcome: list[object] = []
+
+        async def caller() -> None:
+            me = asyncio.current_task()
+            assert me is not None
+            stack = contextlib.AsyncExitStack()
+
+            async def get() -> object:
+                if way == "acquire":
+                    got: object = await lock.acquire()
+                elif way == "enter":
+                    got = await lock.__aenter__()
+                else:
+                    got = await stack.enter_async_context(lock)
+                me.cancel()  # the caller is cancelled just as the helper returns
+                return got
+
+            try:
+                got = await asyncio.wait_for(get(), 5.0)
+            except asyncio.CancelledError:
+                outcome.append("cancelled")  # (Python 3.12+: wait_for raises it)
+                return
+            outcome.append(lock.owned())
+            if way == "acquire":
+                assert got is True
+                await lock.release()
+            elif way == "enter":
+                await lock.__aexit__(None, None, None)
+            else:
+                await stack.aclose()
+            outcome.append(lock.owned())
+
+        task = asyncio.create_task(caller())
+        await asyncio.wait((task,), timeout=5.0)
+        assert task.done()
+        if task.cancelled():
+            outcome.append("cancelled")
+        else:
+            task.result()
+        # Python 3.12+ runs no helper: wait_for may raise the cancellation, or return and
+        # leave it to the next await (the release, which still releases).
+        assert outcome in (["cancelled"], [True, False], [True, "cancelled"]), outcome
+        await introspect.drain(client)
+        assert not await lock.locked(), "the lock is still held"
+
     async def test_reentrant_in_one_task(self, client: aioredis.Redis, name: str) -> None:
         lock = Lock(client, name)
         async with lock as outer:

@@ -16,6 +16,7 @@ ran, another client takes and releases the lock, then the scope is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -440,7 +441,11 @@ async def test_extend_does_not_wait_for_an_inner_release_in_flight(
         started = loop.time()
         await lock.extend(1.0)
         took = loop.time() - started
-        await lock.release()
+        # The last release waits for the stuck one (up to its deadline) while the 1 s lease
+        # must be kept alive: on a loaded machine a renewal may come too late — not this
+        # test's subject.
+        with contextlib.suppress(LockLostError):
+            await lock.release()
         return took
 
     try:

@@ -436,19 +436,19 @@ class TestMastersDown:
         everybody. A master silent all along is now retried until it answers."""
         monkeypatch.setattr(_fanout, "_SWEEP_PATIENCE", 0.2)  # by time: 2.2 s after the round
         monkeypatch.setattr(_fanout, "_SWEEP_BACKOFF", (0.05, 0.1))
-        lock = RedLock(clients(3), name, lease=1.0, node_timeout=0.1)
+        lock = RedLock(clients(3), name, lease=2.0, node_timeout=0.1)
         async with lock:
             pass  # every master connected, the scripts loaded
         masters[1].pause()
         masters[2].pause()
         try:
             assert await lock.acquire(timeout=0.3) is False  # the attempts wait on their sockets
-            await asyncio.sleep(3.0)  # past the clean-ups' time
+            await asyncio.sleep(4.6)  # past the clean-ups' time (2 leases + 0.2 s)
         finally:
             masters[1].resume()
             masters[2].resume()
-        # The resumed masters run the attempts (a key for a lease of 1 s): cleaned up sooner.
-        await until(lambda: no_key_left(inspectors, name), "no key left", within=0.6)
+        # The resumed masters run the attempts (a key for a lease of 2 s): cleaned up sooner.
+        await until(lambda: no_key_left(inspectors, name), "no key left", within=1.5)
         await settle(lock)
 
     async def test_stopped_master_delays_acquire_by_at_most_node_timeout(

@@ -175,9 +175,7 @@ async def test_release_cancelled_while_an_earlier_release_finishes_still_release
     async def holder() -> None:
         await _nested_holder(lock, held, go)
         await _cancelled_release(lock, fault_proxy)  # the inner level
-        with anyio.CancelScope() as scope:
-            scope.cancel()  # cancelled at its first await: waiting for the inner release
-            await lock.release()
+        await _cancelled_at_first_await(lock)  # cancelled waiting for the inner release
         waiting.set()
         await asyncio.Event().wait()  # the task lives on: nothing releases for it
 

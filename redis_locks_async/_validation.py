@@ -34,7 +34,10 @@ def check_name(name: object) -> str:
 def _number(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond any float (10**400): larger than every finite float
+        result = math.inf
     if math.isnan(result):
         raise ValueError(f"{what} must not be NaN")
     return result
@@ -67,10 +70,18 @@ def to_ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+MAX_REPLICAS: Final = 2**31 - 1
+"""The most replicas an acquisition may wait for (``WAIT`` refuses counts beyond a 64-bit
+integer after the lock was taken; no deployment has more than a handful)."""
+
+
 def check_replicas(replicas: object) -> int:
-    """How many replicas must acknowledge an acquisition: an ``int`` >= 0 (0: no replica sync)."""
+    """How many replicas must acknowledge an acquisition: an ``int`` from 0 (no replica sync)
+    to :data:`MAX_REPLICAS`."""
     if isinstance(replicas, bool) or not isinstance(replicas, int):
         raise TypeError(f"replicas must be an int, not {type(replicas).__name__}")
     if replicas < 0:
         raise ValueError(f"replicas must be 0 or more, got {replicas}")
+    if replicas > MAX_REPLICAS:
+        raise ValueError(f"replicas must be at most {MAX_REPLICAS}, got {replicas}")
     return replicas

@@ -638,6 +638,14 @@ class TestBadInput:
             ({"timeout": -0.5}, ValueError),
             ({"timeout": math.nan}, ValueError),
             ({"auto_renew": 1}, TypeError),
+            # Regression (contract probe, stop 20): an int beyond any float raised
+            # OverflowError, which ``except ValueError`` does not catch.
+            ({"lease": 10**400}, ValueError),
+            ({"max_hold": 10**400}, ValueError),
+            ({"replica_timeout": 10**400}, ValueError),
+            # Regression (contract probe, stop 20): replicas beyond WAIT's range were accepted,
+            # and the acquisition took the lock before WAIT refused the count.
+            ({"replicas": 2**63}, ValueError),
         ],
     )
     def test_constructor(
@@ -669,6 +677,13 @@ class TestBadInput:
             await lock.acquire(timeout="1")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             await lock.extend(lease=0)
+        with pytest.raises(ValueError, match="finite"):
+            await lock.extend(lease=10**400)
+
+    def test_a_timeout_beyond_any_float_waits_for_ever(self, nowhere: aioredis.Redis) -> None:
+        """Regression (contract probe, stop 20): ``timeout=10**400`` raised OverflowError; it
+        is a wait without end, like ``math.inf``."""
+        assert Lock(nowhere, "n", timeout=10**400).timeout is None
 
     async def test_connection_refused_is_a_lock_error(self, nowhere: aioredis.Redis) -> None:
         with pytest.raises(LockError, match="cannot acquire 'n'") as info:

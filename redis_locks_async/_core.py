@@ -387,6 +387,11 @@ def _pass_through_code() -> object:
             _PASS_THROUGH = TaskHandle._run_coro.__code__
         except (ImportError, AttributeError):
             _PASS_THROUGH = None
+        except Exception:  # an import that failed this time only
+            # (CPython 3.11 can fail every compile() in a task that closed an async generator
+            # a certain way — SystemError: the import is tried again next time, and an
+            # acquire() is not failed for it.)
+            return None
     return _PASS_THROUGH
 
 
@@ -652,7 +657,8 @@ class LockBase:
         self._auto_renew = auto_renew
         self._on_lost = on_lost
         self._policy = self._make_policy()
-        self._entered: dict[asyncio.Task[Any], list[tuple[Hold, str | None]]] = {}
+        # Per task, its open ``async with`` blocks: (hold, level entered, the statement's frame).
+        self._entered: dict[asyncio.Task[Any], list[tuple[Hold, str | None, FrameType | None]]] = {}
         self._counters = _Counters()
 
     def _make_policy(self) -> Policy:
@@ -1067,6 +1073,18 @@ class LockBase:
         return _Guarded(self)
 
     async def __aenter__(self) -> Lease:
+        return await self._enter(sys._getframe(1))
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._exit(sys._getframe(1), exc)
+
+    async def _enter(self, frame: FrameType | None) -> Lease:
+        """``async with``'s entry, made by the statement running in ``frame``."""
         if not await self.acquire():
             raise LockTimeout(
                 f"timed out after {self._timeout} s waiting for {self._name!r}", name=self._name
@@ -1075,26 +1093,46 @@ class LockBase:
         runtime = self._runtime()
         hold = runtime.holds[(self._policy.hold_key, task)]
         self._entered.setdefault(task, []).append(
-            (hold, hold.entries[-1] if hold.entries else None)
+            (hold, hold.entries[-1] if hold.entries else None, frame)
         )
         return hold.view
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _enter_elsewhere(
+        self, frame: FrameType | None
+    ) -> tuple[asyncio.Task[Any], tuple[Hold, str | None, FrameType | None]] | None:
+        """The entry the ``async with`` statement running in ``frame`` made in another task,
+        removed from that task's stack: an async generator's block, entered while the task
+        iterating it ran it, exited by the task asyncio closes an abandoned generator in."""
+        if frame is None:
+            return None
+        for task, stack in self._entered.items():
+            for index in range(len(stack) - 1, -1, -1):
+                if stack[index][2] is frame:
+                    found = stack.pop(index)
+                    if not stack:
+                        del self._entered[task]
+                    return task, found
+        return None
+
+    async def _exit(self, frame: FrameType | None, exc: BaseException | None) -> None:
+        """``async with``'s exit, made by the statement running in ``frame``."""
         task = _current("exit", self._name)
         runtime = self._existing()
         if runtime is not None and runtime.heirs:
             _inherit(runtime, task)  # (the stack of enters comes with the hold)
         stack = self._entered.get(task)
-        if not stack:
-            raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
-        hold, entry = stack.pop()
-        if not stack:
-            del self._entered[task]
+        if stack:
+            hold, entry, _ = stack.pop()
+            if not stack:
+                del self._entered[task]
+        else:
+            elsewhere = self._enter_elsewhere(frame)
+            if elsewhere is None:
+                raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
+            # The block ends in another task than the one it was entered in (an async
+            # generator closed by asyncio's finalizer): the level it entered is released all
+            # the same, on behalf of the task that holds it.
+            task, (hold, entry, _) = elsewhere
         if hold.task is not task:
             return  # transferred to another task, which releases it
         if entry is not None and entry not in hold.entries:
@@ -2179,7 +2217,7 @@ class _Guarded:
         self._task: asyncio.Task[Any] | None = None
 
     async def __aenter__(self) -> Lease:
-        lease = await self._lock.__aenter__()
+        lease = await self._lock._enter(sys._getframe(1))
         task = _current("guard", self._lock.name)
         hold = lease._hold
         self._hold, self._task = hold, task
@@ -2214,7 +2252,7 @@ class _Guarded:
             # (cancelled from outside as well: that cancellation wins)
             by_loss = isinstance(exc, asyncio.CancelledError) and not outside
         try:
-            await self._lock.__aexit__(exc_type, exc, tb)
+            await self._lock._exit(sys._getframe(1), exc)
         except LockLostError as lost:
             if count > 0:
                 asyncio.get_running_loop().call_soon(_rearm, hold, task)  # (see below)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import secrets
 from typing import TYPE_CHECKING, Final
@@ -31,6 +32,8 @@ from tests import _introspect as introspect
 from tests._lockworker import Primitive
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from tests.conftest import Connect
 
 
@@ -160,6 +163,56 @@ class TestStatistics:
 
 
 class TestOwnership:
+    @pytest.mark.parametrize("guarded", [False, True], ids=["with", "guarded"])
+    async def test_a_block_in_an_abandoned_async_generator_releases_the_lock(
+        self, client: aioredis.Redis, name: str, guarded: bool
+    ) -> None:
+        """Regression (attack pass, stop 20: a lock held and renewed for ever): a generator
+        that yields inside ``async with lock:`` and is abandoned (``async for … break``) is
+        closed by asyncio in a task of its own, where the block's exit found no matching enter
+        (LockError, in a task nobody awaits) and released nothing. The lock stayed the
+        iterating task's, renewed for as long as that task lived. Now the block's exit
+        releases the level it entered, whichever task runs it."""
+        lock = Lock(client, name, lease=1.0)
+
+        async def rows() -> AsyncIterator[int]:
+            async with lock.guarded() if guarded else lock:
+                for row in range(10):
+                    yield row
+
+        async for row in rows():
+            if row == 1:
+                break
+        gc.collect()  # (the generator is finalized: asyncio closes it in a task of its own)
+        for _ in range(200):  # (2 s)
+            if not await lock.locked():
+                break
+            await asyncio.sleep(0.01)
+        assert not lock.owned()
+        rival = Lock(client, name)
+        assert await rival.acquire(blocking=False)
+        await rival.release()
+
+    async def test_an_outer_hold_survives_an_abandoned_generator_block(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """The generator's block entered one level of the task's hold: only that level goes."""
+        lock = Lock(client, name, lease=1.0)
+
+        async def rows() -> AsyncIterator[int]:
+            async with lock:
+                yield 1
+                yield 2
+
+        async with lock:
+            async for _ in rows():
+                break
+            gc.collect()
+            await asyncio.sleep(0.05)
+            assert lock.owned() and await lock.locked()
+            assert lock.current_lease is not None and lock.current_lease.hold_count == 1
+        assert not await lock.locked()
+
     async def test_wait_for_around_a_coroutine_that_acquires(
         self, connect: Connect, name: str
     ) -> None:

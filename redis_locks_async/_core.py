@@ -1359,6 +1359,26 @@ class LockBase:
                 f"cannot acquire {self._name!r}: the redis client was closed", name=self._name
             )
 
+    def _check_other_clients(self, runtime: Runtime, task: asyncio.Task[Any]) -> None:
+        """Refuse to wait for a lock ``task`` holds through another client of the same server:
+        re-entry (and the read/write rules) work per client, so the wait would be for the task
+        itself — until its timeout, or for ever."""
+        policy = self._policy
+        for other in runtime.siblings():
+            held = unclaimed(other.holds.get((policy.hold_key, task)))
+            if policy.reentrant and held is not None and held.live:
+                why = "this task holds it through another redis client"
+            else:
+                why = policy.conflict(other.holds, task) or ""
+                if why:
+                    why = f"{why} (held through another redis client)"
+            if why:
+                raise LockError(
+                    f"cannot acquire {self._name!r}: {why}; a task re-enters a lock through the "
+                    "client it holds it with — waiting here would be waiting for itself",
+                    name=self._name,
+                )
+
     def _check_reply(self, reply: Reply, action: str) -> None:
         if reply.status == -2:
             raise wrong_type_error(self._name, action, self._policy.key_of(reply.token))
@@ -1461,6 +1481,8 @@ class LockBase:
         loop = runtime.loop
         channel = self._policy.keys.channel
         self._check_open(runtime)  # (closed while the first attempt was out: name the lock)
+        if deadline is None or deadline > loop.time():
+            self._check_other_clients(runtime, task)
         hub = runtime.hub(channel)
         lot = hub.lot(channel, self._policy.active_waiters)
         one_watcher = self._policy.one_watcher

@@ -194,6 +194,7 @@ class Runtime:
         "__weakref__",
         "_finished",
         "_hubs",
+        "_server",
         "_tasks",
         "_undoing",
         "acquiring",
@@ -229,6 +230,31 @@ class Runtime:
         self.trying: dict[str, asyncio.Future[None] | None] = {}
         self.keeper = LeaseKeeper(topology, self.spawn)
         self._hubs: dict[Hashable, Hub] = {}
+        self._server: Hashable = _UNKNOWN_SERVER
+
+    @property
+    def server(self) -> Hashable | None:
+        """Where this runtime's client connects, as far as its pool's settings tell (host, port
+        and database; a socket path; a Sentinel service); ``None`` when they do not (a cluster,
+        several masters, a pool of another kind)."""
+        if self._server is _UNKNOWN_SERVER:
+            self._server = _server_of(self.topology)
+        return self._server
+
+    def siblings(self) -> list[Runtime]:
+        """The other open runtimes of this event loop whose clients reach the same server."""
+        server = self.server
+        if server is None:
+            return []
+        return [
+            other
+            for other in list(_RUNTIMES.values())
+            if other is not self
+            and other.loop is self.loop
+            and not other.closed
+            and other.holds
+            and other.server == server
+        ]
 
     # -- background tasks --------------------------------------------------------------------
 
@@ -412,6 +438,31 @@ class Runtime:
 
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+_UNKNOWN_SERVER: Final = object()
+
+
+def _server_of(topology: Topology) -> Hashable | None:
+    """See :attr:`Runtime.server`."""
+    if not isinstance(topology, Standalone):
+        return None
+    try:
+        client = topology.client
+    except LockError:
+        return None
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return None
+    db = kwargs.get("db", 0)
+    service = getattr(pool, "service_name", None)
+    if isinstance(service, str):
+        return ("sentinel", service, db)
+    if isinstance(kwargs.get("path"), str):
+        return ("unix", kwargs["path"], db)
+    host, port = kwargs.get("host"), kwargs.get("port")
+    if not isinstance(host, str) or not isinstance(port, int):
+        return None
+    return (host, port, db)
 
 
 # The clients the user closed -> their own close (what the hook wrapped, unbound).

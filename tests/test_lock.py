@@ -24,6 +24,8 @@ from redis_locks_async import (
     LockNotOwnedError,
     LockState,
     LockTimeout,
+    ReadWriteLock,
+    Semaphore,
 )
 from redis_locks_async._core import Attempt
 from redis_locks_async._lock import LockPolicy
@@ -192,6 +194,43 @@ class TestOwnership:
         rival = Lock(client, name)
         assert await rival.acquire(blocking=False)
         await rival.release()
+
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "upgrade"])
+    async def test_a_task_never_waits_for_its_own_hold_through_another_client(
+        self, connect: Connect, name: str, kind: str
+    ) -> None:
+        """Regression (attack pass, stop 20: a silent self-deadlock): a task holding a lock
+        through one client that acquired it again through another client of the same server
+        waited for itself — until its timeout, or for ever — and a read→write upgrade across
+        two clients was not refused. Both are refused at once now, naming the lock."""
+        first_client, second_client = connect(), connect()
+        if kind == "upgrade":
+            first = ReadWriteLock(first_client, name).read
+            second = ReadWriteLock(second_client, name).write
+        else:
+            cls = Lock if kind == "Lock" else FairLock
+            first, second = cls(first_client, name), cls(second_client, name)
+        assert await first.acquire()
+        try:
+            with pytest.raises(LockError, match="another redis client") as info:
+                await asyncio.wait_for(second.acquire(), 5.0)
+            assert info.value.name == name
+            assert await second.acquire(blocking=False) is False  # a try is answered, not refused
+        finally:
+            await first.release()
+        assert await second.acquire(timeout=1.0)  # free again: the other client takes it
+        await second.release()
+
+    async def test_permits_through_two_clients_are_still_counted_not_refused(
+        self, connect: Connect, name: str
+    ) -> None:
+        """A task may hold several permits of a semaphore, through any clients."""
+        first = Semaphore(connect(), name, permits=2)
+        second = Semaphore(connect(), name, permits=2)
+        assert await first.acquire()
+        assert await second.acquire(timeout=2.0)
+        await second.release()
+        await first.release()
 
     async def test_an_outer_hold_survives_an_abandoned_generator_block(
         self, client: aioredis.Redis, name: str

@@ -98,6 +98,7 @@ REPLICA_WAIT_FLOOR: Final = 0.05  # seconds a replica sync may wait past the cal
 # Seconds a waiter that gives up waits for its clean-up: a round trip on a healthy server;
 # when the server stopped answering mid-wait, this is how late a timeout returns (was 0.5 s).
 CLEANUP_GRACE: Final = 0.1
+_SETTLE_POLL: Final = 0.005  # seconds between looks at another task's acquisition in flight
 RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
@@ -1100,12 +1101,11 @@ class LockBase:
     def _enter_elsewhere(
         self, frame: FrameType | None
     ) -> tuple[asyncio.Task[Any], tuple[Hold, str | None, FrameType | None]] | None:
-        """The entry the ``async with`` statement running in ``frame`` made in another task,
-        removed from that task's stack: an async generator's block, entered while the task
-        iterating it ran it, exited by the task asyncio closes an abandoned generator in."""
+        """The task whose open ``async with`` block the statement running in ``frame`` entered,
+        and that entry, removed from its stack (the innermost such entry)."""
         if frame is None:
             return None
-        for task, stack in self._entered.items():
+        for task, stack in list(self._entered.items()):
             for index in range(len(stack) - 1, -1, -1):
                 if stack[index][2] is frame:
                     found = stack.pop(index)
@@ -1121,25 +1121,61 @@ class LockBase:
         if runtime is not None and runtime.heirs:
             _inherit(runtime, task)  # (the stack of enters comes with the hold)
         stack = self._entered.get(task)
-        if stack:
-            hold, entry, _ = stack.pop()
+        found = None
+        if stack and stack[-1][2] is frame:
+            found = task, stack.pop()
             if not stack:
                 del self._entered[task]
         else:
-            elsewhere = self._enter_elsewhere(frame)
-            if elsewhere is None:
-                raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
-            # The block ends in another task than the one it was entered in (an async
-            # generator closed by asyncio's finalizer): the level it entered is released all
-            # the same, on behalf of the task that holds it.
-            task, (hold, entry, _) = elsewhere
+            # The block was entered by the same statement (frame) — in this task, or in another
+            # one: an async generator's block, entered while the task iterating it ran it, ends
+            # in the task that closes the generator (asyncio's finalizer, or whoever calls
+            # aclose()). The level it entered is released all the same, on behalf of its task.
+            found = self._enter_elsewhere(frame)
+            if found is None and stack:
+                # Entered and exited from different frames in this task (AsyncExitStack):
+                # the task's innermost block is the one that ends.
+                found = task, stack.pop()
+                if not stack:
+                    del self._entered[task]
+        if found is None:
+            raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
+        entered_by, (hold, entry, _) = found
+        runtime = self._existing()
+        if entered_by is not task and runtime is not None:
+            # (The holding task may be re-entering meanwhile: the levels are counted once
+            # that is settled.)
+            key = (hold.key, entered_by)
+            while (  # noqa: ASYNC110 - a rare path (a generator's close), nothing to wait on
+                (hold.reentering or runtime.acquiring.get(key))
+                and hold.live
+                and not entered_by.done()
+            ):
+                await asyncio.sleep(_SETTLE_POLL)
+        if hold.promoted and entry in hold.promoted:
+            hold.promoted.discard(entry)
+            entry = None  # (this block's level became the hold's own: see below)
+        if entry is None and hold.entries:
+            # The block of the base level ends while the holding task is inside blocks it
+            # entered since (re-entries; an async generator's block, closed out of order): the
+            # innermost of those levels is released instead, and the block that entered it
+            # owns the base level from now on.
+            inner = next(
+                (level for level in reversed(hold.entries) if level not in (hold.claimed or ())),
+                None,
+            )
+            if inner is not None:
+                if hold.promoted is None:
+                    hold.promoted = set()
+                hold.promoted.add(inner)
+                entry = inner
+        elsewhere, task = entered_by is not task, entered_by
         if hold.task is not task:
             return  # transferred to another task, which releases it
         if entry is not None and entry not in hold.entries:
             return  # this level was released explicitly inside the block
         if hold.claimed is not None and entry in hold.claimed:
             return  # its release, cancelled inside the block, goes on in the background
-        runtime = self._existing()
         try:
             if runtime is None or not _in_stack(runtime, hold):
                 if hold.state is HoldState.LOST:
@@ -1148,7 +1184,9 @@ class LockBase:
                         name=self._name,
                     )
                 return  # released explicitly inside the block
-            await self._release(runtime, hold, entry)
+            # (Released from another task than the holder's: claimed at once, so the holder's
+            # own calls meanwhile see it as they see a release in flight.)
+            await self._release(runtime, hold, entry, owed=elsewhere)
         except LockError as error:
             if exc is None:
                 raise
@@ -1360,18 +1398,21 @@ class LockBase:
             )
 
     def _check_other_clients(self, runtime: Runtime, task: asyncio.Task[Any]) -> None:
-        """Refuse to wait for a lock ``task`` holds through another client of the same server:
-        re-entry (and the read/write rules) work per client, so the wait would be for the task
-        itself — until its timeout, or for ever."""
+        """Refuse to wait without end for a lock ``task`` holds through another client of the
+        same server: re-entry (and the read/write rules) work per client, so the wait would be
+        for the task itself, for ever. (A wait with a deadline waits, and times out.)"""
         policy = self._policy
+        if not policy.reentrant:
+            return  # (permits: another one may come free)
         for other in runtime.siblings():
-            held = unclaimed(other.holds.get((policy.hold_key, task)))
-            if policy.reentrant and held is not None and held.live:
-                why = "this task holds it through another redis client"
-            else:
-                why = policy.conflict(other.holds, task) or ""
-                if why:
-                    why = f"{why} (held through another redis client)"
+            why = ""
+            for key in (policy.hold_key, policy.peer_key):
+                held = None if key is None else unclaimed(other.holds.get((key, task)))
+                if held is not None and held.live:
+                    why = "this task holds it through another redis client"
+            refused = policy.conflict(other.holds, task)
+            if refused:
+                why = f"{refused} (held through another redis client)"
             if why:
                 raise LockError(
                     f"cannot acquire {self._name!r}: {why}; a task re-enters a lock through the "
@@ -1481,7 +1522,7 @@ class LockBase:
         loop = runtime.loop
         channel = self._policy.keys.channel
         self._check_open(runtime)  # (closed while the first attempt was out: name the lock)
-        if deadline is None or deadline > loop.time():
+        if deadline is None:
             self._check_other_clients(runtime, task)
         hub = runtime.hub(channel)
         lot = hub.lot(channel, self._policy.active_waiters)
@@ -1993,6 +2034,7 @@ class LockBase:
         def bound() -> float:
             return min(limit, hold.expires_at)
 
+        hold.reentering += 1
         try:
             # In a job task, not directly: the wait is bounded, and a cancellation that
             # redis-py swallows on Python 3.11 (its wait_for) must not wait for the bound.
@@ -2013,6 +2055,8 @@ class LockBase:
             # may now be the shorter one (as in extend).
             await self._setting_failed(runtime, hold, sent_at, length, exc, "re-enter", before)
             raise
+        finally:
+            hold.reentering -= 1
         self._check_reply(reply, "re-enter")
         if reply.status != 1:
             self._lose(runtime, hold, "re-entry found the lock expired or held by another owner")
@@ -2032,11 +2076,13 @@ class LockBase:
 
     # -- release -----------------------------------------------------------------------------
 
-    async def _release(self, runtime: Runtime, hold: Hold, entry: str | None) -> None:
+    async def _release(
+        self, runtime: Runtime, hold: Hold, entry: str | None, *, owed: bool = False
+    ) -> None:
         """Release ``entry`` of ``hold`` (``None``: the hold itself). The level was chosen when
         the caller asked: releases of ``hold`` still in flight (cancelled, going on in the
         background) have claimed theirs (:attr:`Hold.claimed`), and this one runs after them."""
-        if hold.pending is not None or not _DIRECT:
+        if owed or hold.pending is not None or not _DIRECT:
             job = self._owe_release(runtime, hold, entry, resent=False)
             task = asyncio.current_task()
             before = _cancelling(task)

@@ -94,6 +94,8 @@ class Hold:
         "outer",
         "owner",
         "pending",
+        "promoted",
+        "reentering",
         "renew",
         "renew_at",
         "renew_until",
@@ -165,6 +167,11 @@ class Hold:
         # The levels (re-entry ids; None: the hold itself) whose releases are in flight in the
         # background (cancelled callers'): a release() called meanwhile releases another one.
         self.claimed: list[str | None] | None = None
+        # Re-entry levels whose blocks own the hold's base level: another task's block of the
+        # base level (an async generator's, closed elsewhere) ended first and released one of
+        # them instead (LockBase._exit).
+        self.promoted: set[str] | None = None
+        self.reentering = 0  # re-entries of the hold in flight
         self.outer: Hold | None = None  # the task's previous hold of the same key (permits)
         self.lost_reason = ""
         self.replicas: int | None = None  # replicas that acknowledged it (replica sync)

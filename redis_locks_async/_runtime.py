@@ -235,7 +235,7 @@ class Runtime:
     @property
     def server(self) -> Hashable | None:
         """Where this runtime's client connects, as far as its pool's settings tell (host, port
-        and database; a socket path; a Sentinel service); ``None`` when they do not (a cluster,
+        and database; a socket path); ``None`` when they do not (a cluster, a Sentinel service,
         several masters, a pool of another kind)."""
         if self._server is _UNKNOWN_SERVER:
             self._server = _server_of(self.topology)
@@ -454,9 +454,8 @@ def _server_of(topology: Topology) -> Hashable | None:
     if not isinstance(kwargs, dict):
         return None
     db = kwargs.get("db", 0)
-    service = getattr(pool, "service_name", None)
-    if isinstance(service, str):
-        return ("sentinel", service, db)
+    if getattr(pool, "service_name", None) is not None:
+        return None  # (a Sentinel service's name does not tell one deployment from another)
     if isinstance(kwargs.get("path"), str):
         return ("unix", kwargs["path"], db)
     host, port = kwargs.get("host"), kwargs.get("port")

@@ -36,8 +36,8 @@ def _number(value: object, what: str) -> float:
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     try:
         result = float(value)
-    except OverflowError:  # an int beyond any float (10**400): larger than every finite float
-        result = math.inf
+    except OverflowError:  # an int beyond any float (10**400): past every finite float
+        result = math.inf if value > 0 else -math.inf
     if math.isnan(result):
         raise ValueError(f"{what} must not be NaN")
     return result

@@ -195,18 +195,20 @@ class TestOwnership:
         assert await rival.acquire(blocking=False)
         await rival.release()
 
-    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "upgrade"])
-    async def test_a_task_never_waits_for_its_own_hold_through_another_client(
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "upgrade", "downgrade"])
+    async def test_a_task_never_waits_for_ever_for_its_own_hold_through_another_client(
         self, connect: Connect, name: str, kind: str
     ) -> None:
-        """Regression (attack pass, stop 20: a silent self-deadlock): a task holding a lock
-        through one client that acquired it again through another client of the same server
-        waited for itself — until its timeout, or for ever — and a read→write upgrade across
-        two clients was not refused. Both are refused at once now, naming the lock."""
+        """Regression (attack passes, stop 20: a silent self-deadlock): a task holding a lock
+        through one client that acquired it again, without a timeout, through another client
+        of the same server waited for itself for ever (read→write and write→read across two
+        clients too). That is refused at once now, naming the lock; a wait with a deadline
+        waits and times out, as it always did."""
         first_client, second_client = connect(), connect()
-        if kind == "upgrade":
-            first = ReadWriteLock(first_client, name).read
-            second = ReadWriteLock(second_client, name).write
+        if kind in ("upgrade", "downgrade"):
+            read = ReadWriteLock(first_client, name).read
+            write = ReadWriteLock(second_client, name).write
+            first, second = (read, write) if kind == "upgrade" else (write, read)
         else:
             cls = Lock if kind == "Lock" else FairLock
             first, second = cls(first_client, name), cls(second_client, name)
@@ -215,7 +217,8 @@ class TestOwnership:
             with pytest.raises(LockError, match="another redis client") as info:
                 await asyncio.wait_for(second.acquire(), 5.0)
             assert info.value.name == name
-            assert await second.acquire(blocking=False) is False  # a try is answered, not refused
+            assert await second.acquire(blocking=False) is False  # a try is answered
+            assert await second.acquire(timeout=0.2) is False  # a bounded wait times out
         finally:
             await first.release()
         assert await second.acquire(timeout=1.0)  # free again: the other client takes it
@@ -231,6 +234,69 @@ class TestOwnership:
         assert await second.acquire(timeout=2.0)
         await second.release()
         await first.release()
+
+    async def test_a_generator_closed_while_its_task_re_enters_keeps_the_task_s_block(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Regression (attack pass on the fix above, stop 20: two holders): a generator whose
+        block took the task's first level, abandoned and closed while the task re-entered the
+        lock in a block of its own, released the whole hold — the task's block ran on with
+        the lock free, and a rival took it. The generator's level is released, the task's
+        block keeps the lock until it ends."""
+        lock = Lock(connect(), name, lease=5.0)
+        rival = Lock(connect(), name)
+
+        async def rows() -> AsyncIterator[int]:
+            async with lock:
+                yield 1
+                yield 2
+
+        async def first_row() -> int:
+            async for row in rows():
+                return row  # abandoned: asyncio closes the generator in a task of its own
+            raise AssertionError("no row")
+
+        await first_row()
+        async with lock:
+            gc.collect()
+            await asyncio.sleep(0.2)
+            assert lock.owned()
+            assert await rival.acquire(blocking=False) is False
+        assert await rival.acquire(timeout=1.0)
+        await rival.release()
+
+    async def test_a_generator_closed_by_another_task_releases_its_own_level_only(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Regression (attack pass, stop 20: a writer among readers): task B, inside its own
+        ``async with rw.read:``, closed a generator whose block task A had entered; the exit
+        released B's read hold (the top of B's stack), not A's — and once A ended a writer got
+        in while B read. The block that ends is matched by its statement."""
+        rw = ReadWriteLock(connect(), name, lease=5.0)
+        writer = ReadWriteLock(connect(), name).write
+        handed: asyncio.Queue[AsyncIterator[int]] = asyncio.Queue()
+
+        async def rows() -> AsyncIterator[int]:
+            async with rw.read:
+                yield 1
+                yield 2
+
+        async def task_a() -> None:
+            generator = rows()
+            await generator.__anext__()  # A reads through the generator, then hands it over
+            await handed.put(generator)
+
+        async def task_b() -> None:
+            generator = await handed.get()
+            async with rw.read:
+                await generator.aclose()  # type: ignore[attr-defined]
+                await asyncio.sleep(0.1)  # (A has ended)
+                assert rw.read.owned()
+                assert await writer.acquire(timeout=0.3) is False
+
+        await asyncio.gather(task_a(), task_b())
+        assert await writer.acquire(timeout=1.0)
+        await writer.release()
 
     async def test_an_outer_hold_survives_an_abandoned_generator_block(
         self, client: aioredis.Redis, name: str
@@ -774,8 +840,10 @@ class TestBadInput:
 
     def test_a_timeout_beyond_any_float_waits_for_ever(self, nowhere: aioredis.Redis) -> None:
         """Regression (contract probe, stop 20): ``timeout=10**400`` raised OverflowError; it
-        is a wait without end, like ``math.inf``."""
+        is a wait without end, like ``math.inf`` — and ``-10**400`` is a negative timeout."""
         assert Lock(nowhere, "n", timeout=10**400).timeout is None
+        with pytest.raises(ValueError, match=">= 0"):
+            Lock(nowhere, "n", timeout=-(10**400))
 
     async def test_connection_refused_is_a_lock_error(self, nowhere: aioredis.Redis) -> None:
         with pytest.raises(LockError, match="cannot acquire 'n'") as info:

@@ -98,7 +98,6 @@ REPLICA_WAIT_FLOOR: Final = 0.05  # seconds a replica sync may wait past the cal
 # Seconds a waiter that gives up waits for its clean-up: a round trip on a healthy server;
 # when the server stopped answering mid-wait, this is how late a timeout returns (was 0.5 s).
 CLEANUP_GRACE: Final = 0.1
-_SETTLE_POLL: Final = 0.005  # seconds between looks at another task's acquisition in flight
 RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
@@ -1122,8 +1121,9 @@ class LockBase:
             _inherit(runtime, task)  # (the stack of enters comes with the hold)
         stack = self._entered.get(task)
         found = None
+        in_order = False  # the task's innermost block ends (the usual case)
         if stack and stack[-1][2] is frame:
-            found = task, stack.pop()
+            found, in_order = (task, stack.pop()), True
             if not stack:
                 del self._entered[task]
         else:
@@ -1135,40 +1135,12 @@ class LockBase:
             if found is None and stack:
                 # Entered and exited from different frames in this task (AsyncExitStack):
                 # the task's innermost block is the one that ends.
-                found = task, stack.pop()
+                found, in_order = (task, stack.pop()), True
                 if not stack:
                     del self._entered[task]
         if found is None:
             raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
         entered_by, (hold, entry, _) = found
-        runtime = self._existing()
-        if entered_by is not task and runtime is not None:
-            # (The holding task may be re-entering meanwhile: the levels are counted once
-            # that is settled.)
-            key = (hold.key, entered_by)
-            while (  # noqa: ASYNC110 - a rare path (a generator's close), nothing to wait on
-                (hold.reentering or runtime.acquiring.get(key))
-                and hold.live
-                and not entered_by.done()
-            ):
-                await asyncio.sleep(_SETTLE_POLL)
-        if hold.promoted and entry in hold.promoted:
-            hold.promoted.discard(entry)
-            entry = None  # (this block's level became the hold's own: see below)
-        if entry is None and hold.entries:
-            # The block of the base level ends while the holding task is inside blocks it
-            # entered since (re-entries; an async generator's block, closed out of order): the
-            # innermost of those levels is released instead, and the block that entered it
-            # owns the base level from now on.
-            inner = next(
-                (level for level in reversed(hold.entries) if level not in (hold.claimed or ())),
-                None,
-            )
-            if inner is not None:
-                if hold.promoted is None:
-                    hold.promoted = set()
-                hold.promoted.add(inner)
-                entry = inner
         elsewhere, task = entered_by is not task, entered_by
         if hold.task is not task:
             return  # transferred to another task, which releases it
@@ -1176,6 +1148,20 @@ class LockBase:
             return  # this level was released explicitly inside the block
         if hold.claimed is not None and entry in hold.claimed:
             return  # its release, cancelled inside the block, goes on in the background
+        runtime = self._existing()
+        if (
+            not in_order
+            and entry is None
+            and (hold.entries or hold.reentering)
+            and hold.state is HoldState.HELD
+            and runtime is not None
+            and _in_stack(runtime, hold)
+        ):
+            # The block of the hold's own level ends before blocks and acquisitions of the
+            # task entered since (an async generator's, closed out of order): the hold is
+            # released once those levels are (see _settle_owed_base), not now from under them.
+            hold.base_owed = True
+            return
         try:
             if runtime is None or not _in_stack(runtime, hold):
                 if hold.state is HoldState.LOST:
@@ -2057,6 +2043,9 @@ class LockBase:
             raise
         finally:
             hold.reentering -= 1
+            if hold.base_owed:
+                # (Once this step is over: a re-entry that succeeded has added its level.)
+                loop.call_soon(self._settle_owed_base, runtime, hold)
         self._check_reply(reply, "re-enter")
         if reply.status != 1:
             self._lose(runtime, hold, "re-entry found the lock expired or held by another owner")
@@ -2081,7 +2070,26 @@ class LockBase:
     ) -> None:
         """Release ``entry`` of ``hold`` (``None``: the hold itself). The level was chosen when
         the caller asked: releases of ``hold`` still in flight (cancelled, going on in the
-        background) have claimed theirs (:attr:`Hold.claimed`), and this one runs after them."""
+        background) have claimed theirs (:attr:`Hold.claimed`), and this one runs after them.
+        ``owed``: in the background chain whatever the caller's state (another task's block)."""
+        await self._release_level(runtime, hold, entry, owed)
+        if hold.base_owed:
+            job = self._settle_owed_base(runtime, hold)
+            if job is not None:
+                await asyncio.shield(job)  # (cancelled, it goes on in the background)
+
+    def _settle_owed_base(self, runtime: Runtime, hold: Hold) -> asyncio.Future[None] | None:
+        """Release the hold whose own level's block ended out of order (``Hold.base_owed``)
+        once no level entered since is left, or being entered: the release, or ``None``."""
+        if hold.base_owed and not hold.entries and not hold.reentering and hold.live:
+            hold.base_owed = False
+            if _in_stack(runtime, hold):
+                return self._owe_release(runtime, hold, None, resent=False)
+        return None
+
+    async def _release_level(
+        self, runtime: Runtime, hold: Hold, entry: str | None, owed: bool
+    ) -> None:
         if owed or hold.pending is not None or not _DIRECT:
             job = self._owe_release(runtime, hold, entry, resent=False)
             task = asyncio.current_task()

@@ -71,6 +71,7 @@ class Hold:
         "_lost_event",
         "acquired_at",
         "auto_renew",
+        "base_owed",
         "claimed",
         "confirm",
         "confirmed",
@@ -94,7 +95,6 @@ class Hold:
         "outer",
         "owner",
         "pending",
-        "promoted",
         "reentering",
         "renew",
         "renew_at",
@@ -167,10 +167,9 @@ class Hold:
         # The levels (re-entry ids; None: the hold itself) whose releases are in flight in the
         # background (cancelled callers'): a release() called meanwhile releases another one.
         self.claimed: list[str | None] | None = None
-        # Re-entry levels whose blocks own the hold's base level: another task's block of the
-        # base level (an async generator's, closed elsewhere) ended first and released one of
-        # them instead (LockBase._exit).
-        self.promoted: set[str] | None = None
+        # The block of the hold's own level ended before the levels entered since (an async
+        # generator's block, closed out of order): the hold is released once they are.
+        self.base_owed = False
         self.reentering = 0  # re-entries of the hold in flight
         self.outer: Hold | None = None  # the task's previous hold of the same key (permits)
         self.lost_reason = ""

@@ -27,7 +27,7 @@ from redis_locks_async import (
     ReadWriteLock,
     Semaphore,
 )
-from redis_locks_async._core import Attempt
+from redis_locks_async._core import Attempt, LockBase
 from redis_locks_async._lock import LockPolicy
 from redis_locks_async._validation import MAX_LEASE
 from tests import _introspect as introspect
@@ -205,6 +205,8 @@ class TestOwnership:
         clients too). That is refused at once now, naming the lock; a wait with a deadline
         waits and times out, as it always did."""
         first_client, second_client = connect(), connect()
+        first: LockBase
+        second: LockBase
         if kind in ("upgrade", "downgrade"):
             read = ReadWriteLock(first_client, name).read
             write = ReadWriteLock(second_client, name).write
@@ -297,6 +299,56 @@ class TestOwnership:
         await asyncio.gather(task_a(), task_b())
         assert await writer.acquire(timeout=1.0)
         await writer.release()
+
+    async def test_generator_blocks_closed_out_of_order_release_once_per_acquire(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (attack pass, stop 20: a hold left after every release): the block of a
+        task's first level, closed out of order (a generator closed while later levels were
+        open), released the innermost level in its place — an explicit ``acquire()``'s — and
+        the release paired with that acquire then took a block's level: after every block
+        closed and every acquire was released the task still held the lock. The hold is now
+        released once every level entered after it is."""
+        lock = Lock(client, name, lease=5.0)
+
+        async def rows() -> AsyncIterator[int]:
+            async with lock:
+                yield 1
+                yield 2
+
+        first, second = rows(), rows()
+        await first.__anext__()  # the hold's own level
+        await second.__anext__()  # a re-entry
+        assert await lock.acquire()  # another
+        await first.aclose()  # type: ignore[attr-defined]
+        assert lock.owned() and await lock.locked()
+        await lock.release()
+        assert lock.owned() and await lock.locked()
+        await second.aclose()  # type: ignore[attr-defined]
+        assert not lock.owned()
+        assert not await lock.locked()
+
+    async def test_a_permit_s_generator_closed_elsewhere_is_returned_at_once(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (attack pass, stop 20: a hang): the close of an abandoned generator
+        holding a permit waited for the iterating task's acquisitions to end — and that task
+        was waiting for that very permit."""
+        semaphore = Semaphore(client, name, permits=1)
+
+        async def rows() -> AsyncIterator[int]:
+            async with semaphore:
+                yield 1
+                yield 2
+
+        async def first_row() -> int:
+            async for row in rows():
+                return row
+            raise AssertionError("no row")
+
+        await first_row()
+        assert await asyncio.wait_for(semaphore.acquire(), 5.0)
+        await semaphore.release()
 
     async def test_an_outer_hold_survives_an_abandoned_generator_block(
         self, client: aioredis.Redis, name: str

@@ -1092,9 +1092,9 @@ class LockBase:
         task = _current("enter", self._name)
         runtime = self._runtime()
         hold = runtime.holds[(self._policy.hold_key, task)]
-        self._entered.setdefault(task, []).append(
-            (hold, hold.entries[-1] if hold.entries else None, frame)
-        )
+        level = hold.entries[-1] if hold.entries else None
+        self._entered.setdefault(task, []).append((hold, level, frame))
+        hold.blocks.append(level)
         return hold.view
 
     def _enter_elsewhere(
@@ -1121,9 +1121,8 @@ class LockBase:
             _inherit(runtime, task)  # (the stack of enters comes with the hold)
         stack = self._entered.get(task)
         found = None
-        in_order = False  # the task's innermost block ends (the usual case)
         if stack and stack[-1][2] is frame:
-            found, in_order = (task, stack.pop()), True
+            found = task, stack.pop()
             if not stack:
                 del self._entered[task]
         else:
@@ -1135,13 +1134,18 @@ class LockBase:
             if found is None and stack:
                 # Entered and exited from different frames in this task (AsyncExitStack):
                 # the task's innermost block is the one that ends.
-                found, in_order = (task, stack.pop()), True
+                found = task, stack.pop()
                 if not stack:
                     del self._entered[task]
         if found is None:
             raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
         entered_by, (hold, entry, _) = found
         elsewhere, task = entered_by is not task, entered_by
+        # The hold's innermost open block ends in its own task (the usual case) — through
+        # whichever lock object.
+        in_order = not elsewhere and bool(hold.blocks) and hold.blocks[-1] == entry
+        if entry in hold.blocks:
+            del hold.blocks[len(hold.blocks) - 1 - hold.blocks[::-1].index(entry)]
         if hold.task is not task:
             return  # transferred to another task, which releases it
         if entry is not None and entry not in hold.entries:
@@ -2072,11 +2076,12 @@ class LockBase:
         the caller asked: releases of ``hold`` still in flight (cancelled, going on in the
         background) have claimed theirs (:attr:`Hold.claimed`), and this one runs after them.
         ``owed``: in the background chain whatever the caller's state (another task's block)."""
+        settled = not hold.base_owed
         await self._release_level(runtime, hold, entry, owed)
-        if hold.base_owed:
-            job = self._settle_owed_base(runtime, hold)
-            if job is not None:
-                await asyncio.shield(job)  # (cancelled, it goes on in the background)
+        if not settled and not hold.base_owed and hold.pending is not None:
+            # This release was the last level the hold's own was owed after: the hold's
+            # release is under way (_settle_owed_base) — leaving the block waits for it.
+            await asyncio.shield(hold.pending)  # (cancelled, it goes on in the background)
 
     def _settle_owed_base(self, runtime: Runtime, hold: Hold) -> asyncio.Future[None] | None:
         """Release the hold whose own level's block ended out of order (``Hold.base_owed``)
@@ -2225,6 +2230,8 @@ class LockBase:
             )
         hold.entries.remove(entry)
         self._counters.releases += 1
+        if hold.base_owed:
+            self._settle_owed_base(runtime, hold)
 
     async def _release_final(self, runtime: Runtime, hold: Hold, *, resent: bool = False) -> None:
         """The last release of ``hold``. ``resent``: the caller was cancelled while this

@@ -72,6 +72,7 @@ class Hold:
         "acquired_at",
         "auto_renew",
         "base_owed",
+        "blocks",
         "claimed",
         "confirm",
         "confirmed",
@@ -170,6 +171,9 @@ class Hold:
         # The block of the hold's own level ended before the levels entered since (an async
         # generator's block, closed out of order): the hold is released once they are.
         self.base_owed = False
+        # The levels (None: the hold's own) of the ``async with`` blocks open on it, in the
+        # order they were entered, through any lock object.
+        self.blocks: list[str | None] = []
         self.reentering = 0  # re-entries of the hold in flight
         self.outer: Hold | None = None  # the task's previous hold of the same key (permits)
         self.lost_reason = ""

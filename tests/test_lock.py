@@ -350,6 +350,57 @@ class TestOwnership:
         assert await asyncio.wait_for(semaphore.acquire(), 5.0)
         await semaphore.release()
 
+    async def test_a_generator_closed_inside_a_block_of_another_lock_object_keeps_the_lock(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Regression (attack pass, stop 20: two holders, the loss never signalled): with two
+        lock objects of one name and client, a task that closed its generator (whose block,
+        through the first object, took the hold's own level) inside a block of the second
+        released the whole hold — each object keeps its own blocks, so the first took its
+        block for the task's innermost. Blocks are now ordered on the hold itself."""
+        client = connect()
+        lock_a, lock_b = Lock(client, name, lease=5.0), Lock(client, name, lease=5.0)
+        rival = Lock(connect(), name)
+
+        async def rows() -> AsyncIterator[int]:
+            async with lock_a:
+                yield 1
+                yield 2
+
+        generator = rows()
+        await generator.__anext__()
+        async with lock_b:
+            await generator.aclose()  # type: ignore[attr-defined]
+            assert lock_b.owned()
+            assert await rival.acquire(blocking=False) is False
+        assert not await lock_b.locked()
+
+    async def test_the_owed_hold_is_released_when_the_last_level_s_release_was_cancelled(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Regression (attack pass, stop 20: a lock held for as long as the task lived): the
+        hold owed after a generator's block closed out of order was released only by a release
+        that completed in its caller — not by one cancelled and finished in the background."""
+        lock = Lock(connect(), name, lease=2.0)
+        other = connect()
+
+        async def rows() -> AsyncIterator[int]:
+            async with lock:
+                yield 1
+                yield 2
+
+        if not hasattr(asyncio, "timeout"):
+            pytest.skip("asyncio.timeout (Python >= 3.11)")
+        generator = rows()
+        await generator.__anext__()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.3):
+                async with lock:
+                    await asyncio.ensure_future(generator.aclose())  # type: ignore[attr-defined]
+                    await other.client_pause(600, all=False)  # writes wait 0.6 s
+                # (leaving the block: its release waits for the server, and is cancelled)
+        assert await Lock(other, name).acquire(timeout=3.0)
+
     async def test_an_outer_hold_survives_an_abandoned_generator_block(
         self, client: aioredis.Redis, name: str
     ) -> None:

@@ -1137,6 +1137,15 @@ class LockBase:
                 found = task, stack.pop()
                 if not stack:
                     del self._entered[task]
+            if found is None and _HELPER_TASKS:
+                # Python 3.10/3.11: ``wait_for(stack.aclose(), t)`` runs the exit in a helper
+                # task; the block is the innermost of the task awaiting wait_for.
+                waiting = _awaiting_wait_for(task)
+                theirs = None if waiting is None else self._entered.get(waiting)
+                if waiting is not None and theirs:
+                    found = waiting, theirs.pop()
+                    if not theirs:
+                        del self._entered[waiting]
         if found is None:
             raise LockError(f"exit of {self._name!r} without a matching enter", name=self._name)
         entered_by, (hold, entry, _) = found

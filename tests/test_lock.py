@@ -401,6 +401,19 @@ class TestOwnership:
                 # (leaving the block: its release waits for the server, and is cancelled)
         assert await Lock(other, name).acquire(timeout=3.0)
 
+    async def test_an_exit_stack_closed_under_wait_for_releases_the_lock(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (attack pass, stop 20: a lock held for as long as the task lived): on
+        Python 3.10/3.11 ``wait_for(stack.aclose(), t)`` runs the lock's exit in a helper task,
+        which had no block of its own: "exit without a matching enter", nothing released."""
+        lock = Lock(client, name, lease=2.0)
+        stack = contextlib.AsyncExitStack()
+        await stack.enter_async_context(lock)
+        await asyncio.wait_for(stack.aclose(), 5.0)
+        assert not lock.owned()
+        assert not await lock.locked()
+
     async def test_an_outer_hold_survives_an_abandoned_generator_block(
         self, client: aioredis.Redis, name: str
     ) -> None:

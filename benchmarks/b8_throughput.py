@@ -3,8 +3,12 @@
 One process. Every task repeats ``acquire(); release()`` a fixed number of times on its name,
 with nothing in between (the critical section is empty), through its own lock object; all tasks
 start together and the time until the last one finishes gives acquisitions per second. Each
-peer has its own ``redis.asyncio`` client on a ``BlockingConnectionPool`` of 64 metered
-connections (``_metering``: client-side commands and round trips). Peers: our ``Lock`` and
+peer has its own ``redis.asyncio`` client on a ``BlockingConnectionPool`` of 64 plain
+connections for the timed rounds, and another on 64 metered connections (``_metering``:
+client-side commands and round trips) for one counting round per mode after them — a
+connection class that observes commands makes redis-locks-async send its scripts one
+connection per call (it must see each), so a metered client would time another path than a
+user's. Peers: our ``Lock`` and
 redis-py's ``Lock(sleep=0.001)`` (one lock object per task: redis-py keeps the token in a
 thread-local, which every task of one thread would share). The two run alternately, in rounds,
 so that the machine's drift hits both alike.
@@ -53,6 +57,7 @@ class _Tally:
     acquisitions: int = 0
     seconds: float = 0.0
     client: Reading = field(default_factory=lambda: Reading({}, 0))
+    counted: int = 0  # acquisitions of the counting round (the denominator of ``client``)
     server: dict[str, int] = field(default_factory=dict)
     overlaps: int = 0
     token_regressions: int = 0
@@ -114,7 +119,8 @@ async def _one_block(
 
 async def _run(url: str, prefix: str, config: B8Config, log: Log) -> list[dict[str, Any]]:
     meters = {peer: Meter() for peer, _ in PEERS}
-    clients = {peer: metered_client(url, meters[peer], max_connections=POOL) for peer, _ in PEERS}
+    clients = {peer: _plain_client(url) for peer, _ in PEERS}
+    metered = {peer: metered_client(url, meters[peer], max_connections=POOL) for peer, _ in PEERS}
     tallies = {(mode, peer): _Tally() for mode, _ in MODES for peer, _ in PEERS}
     try:
         # warm-up: connections opened, scripts loaded, runtimes created
@@ -129,15 +135,28 @@ async def _run(url: str, prefix: str, config: B8Config, log: Log) -> list[dict[s
                         continue
                     names = [f"{prefix}b8:{peer}:{mode[:3]}:{index}" for index in range(count)]
                     stats_before: dict[str, Any] = await clients[peer].info("commandstats")
-                    before = meters[peer].reading()
                     await _one_block(peer, clients[peer], names, config.cycles_per_task, tally)
-                    tally.client = tally.client + (meters[peer].reading() - before)
                     stats_after: dict[str, Any] = await clients[peer].info("commandstats")
                     for command, calls in command_delta(stats_before, stats_after).items():
                         tally.server[command] = tally.server.get(command, 0) + calls
             log(f"B8: round {round_index + 1}/{config.rounds} done")
+        for mode, count in MODES:  # the counting round
+            for peer, _ in PEERS:
+                tally = tallies[(mode, peer)]
+                if tally.errors:
+                    continue
+                names = [f"{prefix}b8:{peer}:{mode[:3]}:{index}" for index in range(count)]
+                counting = _Tally()
+                before = meters[peer].reading()
+                await _one_block(peer, metered[peer], names, config.cycles_per_task, counting)
+                tally.client = meters[peer].reading() - before
+                tally.counted = counting.acquisitions
+                tally.errors += counting.errors
+                tally.overlaps += counting.overlaps
+                tally.token_regressions += counting.token_regressions
+        log("B8: counting round done")
     finally:
-        for client in clients.values():
+        for client in (*clients.values(), *metered.values()):
             await client.aclose()
     rows: list[dict[str, Any]] = []
     for mode, count in MODES:
@@ -157,15 +176,13 @@ async def _run(url: str, prefix: str, config: B8Config, log: Log) -> list[dict[s
             if tally.errors:
                 row["error"] = "; ".join(tally.errors[:3])
                 row["failed"] = len(tally.errors)
-            if tally.acquisitions and tally.seconds > 0:
+            if tally.acquisitions and tally.seconds > 0 and tally.counted:
                 row.update(
                     per_s=round(tally.acquisitions / tally.seconds, 1),
-                    client_commands_per_acquisition=round(sent.total / tally.acquisitions, 2),
-                    client_round_trips_per_acquisition=round(
-                        sent.round_trips / tally.acquisitions, 2
-                    ),
+                    client_commands_per_acquisition=round(sent.total / tally.counted, 2),
+                    client_round_trips_per_acquisition=round(sent.round_trips / tally.counted, 2),
                     client_by_type_per_acquisition={
-                        k: round(v / tally.acquisitions, 3) for k, v in sent.commands.items()
+                        k: round(v / tally.counted, 3) for k, v in sent.commands.items()
                     },
                     server_commands_per_acquisition=round(
                         sum(server.values()) / tally.acquisitions, 2
@@ -180,6 +197,12 @@ async def _run(url: str, prefix: str, config: B8Config, log: Log) -> list[dict[s
                 row["leases_lost"] = tally.lost
             rows.append(row)
     return rows
+
+
+def _plain_client(url: str) -> aioredis.Redis:
+    """A ``redis.asyncio`` client on a ``BlockingConnectionPool`` of ``POOL`` connections."""
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=POOL, timeout=120)
+    return aioredis.Redis.from_pool(pool)
 
 
 def run(url: str, prefix: str, *, quick: bool, log: Log) -> dict[str, Any]:

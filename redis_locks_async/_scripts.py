@@ -120,11 +120,14 @@ class Script:
 
         On a plain ``redis.asyncio.Redis`` client the ``EVALSHA`` takes the short way
         (:mod:`._wire`)."""
+        fast = fast_pool(client)
         try:
-            try:
-                fast = fast_pool(client)
-                if fast is not None:
+            if fast is not None:
+                try:
                     return await run_script(fast, self.sha, tuple(keys), args)
+                except NoScriptError:
+                    return await run_script(fast, self.sha, tuple(keys), args, self.code)
+            try:
                 return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
             except NoScriptError:
                 return await client.eval(self.code, len(keys), *keys, *args)  # type: ignore[misc,arg-type]

@@ -29,11 +29,18 @@ Anything else takes redis-py's way, unchanged: a client whose ``execute_command`
 ``evalsha`` is wrapped or overridden (tracing instrumentation, a subclass, a patch), redis-py's
 own metrics turned on, a cluster or Sentinel client, a pipeline, a single-connection client, a
 pool of another class than ``ConnectionPool`` and ``BlockingConnectionPool``, a credential
-provider, or a redis-py whose internals do not look as expected. And where the pool has no idle
-connection, or tasks queue for one (a ``BlockingConnectionPool``'s keep their turn), the
-connection comes from the pool's own ``get_connection()`` (redis-py opens one, waits for one, or
-raises ``MaxConnectionsError``) and goes back through its ``release()``.
+provider, or a redis-py whose internals do not look as expected.
 :func:`fast_pool` decides on every call (what depends only on the pool, once per pool).
+
+A call that finds no idle connection in the pool (a fresh client, or every connection busy:
+many tasks at once), or tasks queued for one, joins the pool's pipelined *lane* (:mod:`._lane`):
+one connection that carries every such call at once, replies matched first in, first out — a
+busy process then costs a few system calls per event-loop iteration instead of a connection, a
+``send`` and a ``recv`` per call. A lone call on a quiet pool keeps an idle connection of its
+own. Where no lane can be had (a connection class that observes commands, a health-check
+interval, no connection to open one on), the connection comes from the pool's own
+``get_connection()`` (redis-py opens one, waits for one — a ``BlockingConnectionPool``'s queue
+keeps its order — or raises ``MaxConnectionsError``) and goes back through its ``release()``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ._lane import Lane, lane_capable, lane_possible
 
 try:
     from redis.asyncio.observability import recorder as _recorder
@@ -103,7 +112,18 @@ class FastPool:
     """A pool :func:`run_script` may use, with its clients' string encoding and the packed
     heads (``EVALSHA sha numkeys keys…``) of the script calls sent through it."""
 
-    __slots__ = ("condition", "encoding", "errors", "heads", "pool", "raw")
+    __slots__ = (
+        "condition",
+        "encoding",
+        "errors",
+        "heads",
+        "lane",
+        "laned",
+        "opening",
+        "pool",
+        "raw",
+        "retry",
+    )
 
     def __init__(self, pool: ConnectionPool) -> None:
         kwargs = pool.connection_kwargs
@@ -120,10 +140,22 @@ class FastPool:
         self.encoding: str = kwargs.get("encoding", "utf-8")
         self.errors: str = kwargs.get("encoding_errors", "strict")
         self.heads: dict[tuple[str, tuple[str | bytes, ...]], bytes] = {}
+        # The pipelined lane (see ._lane): where the pool's connections allow one.
+        self.laned = (
+            self.raw
+            and lane_possible(kwargs.get("protocol"))
+            and not kwargs.get("health_check_interval")
+        )
+        self.lane: Lane | None = None
+        self.opening: asyncio.Future[Lane | None] | None = None
+        self.retry: Any = None
 
-    def pack(self, sha: str, keys: Keys, args: Args) -> bytes:
+    def pack(self, sha: str, keys: Keys, args: Args, code: bytes | None = None) -> bytes:
         """``EVALSHA sha len(keys) *keys *args`` as one RESP command, strings encoded as the
-        pool's clients encode them."""
+        pool's clients encode them (``EVAL code …`` when ``code`` is given)."""
+        if code is not None:
+            loading = self._bulk((b"EVAL", code, len(keys), *keys))
+            return b"*%d\r\n%b%b" % (3 + len(keys) + len(args), loading, self._bulk(args))
         head = self.heads.get((sha, keys))
         if head is None:
             if len(self.heads) >= _HEADS_MAX:
@@ -199,7 +231,9 @@ def fast_pool(client: object) -> FastPool | None:
     return fast  # type: ignore[return-value]
 
 
-async def _exchange(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args) -> object:
+async def _exchange(
+    conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None
+) -> object:
     opened_on = _loop_of(conn)
     if opened_on is not None and opened_on is not asyncio.get_running_loop():
         # Opened under an earlier event loop (a client used under one asyncio.run after
@@ -212,12 +246,15 @@ async def _exchange(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args)
         await conn.connect_check_health(check_health=True, retry_socket_connect=False)
     elif conn.health_check_interval:
         await conn.check_health()
-    packed = fast.pack(sha, keys, args) if fast.raw else None
+    packed = fast.pack(sha, keys, args, code) if fast.raw else None
     try:
         if packed is not None:
             conn._writer.write(packed)
         else:
-            command = conn.pack_command("EVALSHA", sha, len(keys), *keys, *args)
+            if code is None:
+                command = conn.pack_command("EVALSHA", sha, len(keys), *keys, *args)
+            else:
+                command = conn.pack_command("EVAL", code, len(keys), *keys, *args)
             await conn.send_packed_command(command, check_health=False)
         return await conn.read_response()
     except (OSError, RuntimeError, *TORN_DOWN) as exc:
@@ -248,30 +285,46 @@ def connection_failed(exc: BaseException) -> RedisConnectionError:
     return RedisConnectionError(f"the connection failed under the call: {exc!r}")
 
 
-async def run_script(fast: FastPool, sha: str, keys: Keys, args: Args) -> object:
-    """``EVALSHA sha len(keys) *keys *args`` on a connection of ``fast``'s pool: the parsed
-    reply, errors as redis-py raises them (``MaxConnectionsError`` included: nothing was sent).
+async def run_script(
+    fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None = None
+) -> object:
+    """``EVALSHA sha len(keys) *keys *args`` on a connection of ``fast``'s pool (``EVAL code
+    …`` when ``code`` is given: the server did not know the script): the parsed reply, errors
+    as redis-py raises them (``MaxConnectionsError`` included: nothing was sent).
 
     An idle connection is taken straight from the pool while nothing else is going on there;
     otherwise (none idle, tasks queued for one, the pool busy with its own bookkeeping) the
     pool's own ``get_connection()`` and ``release()`` take their course."""
     conn = _idle(fast)
+    if conn is None and fast.laned:
+        packed = fast.pack(sha, keys, args, code)
+        retry = fast.retry
+        if retry is None:
+            pool: Any = fast.pool
+            # The Retry every connection of the pool gets (a connection object is only built).
+            retry = fast.retry = pool.connection_class(**pool.connection_kwargs).retry
+        try:
+            return await retry.call_with_retry(lambda: _on_lane(fast, packed), _nothing)
+        except _NoLane:
+            pass
     if conn is None:
-        pool: Any = fast.pool
+        pool = fast.pool
         conn = await pool.get_connection()
         try:
-            return await _sent(conn, fast, sha, keys, args)
+            return await _sent(conn, fast, sha, keys, args, code)
         finally:
             await pool.release(conn)
     try:
-        return await _sent(conn, fast, sha, keys, args)
+        return await _sent(conn, fast, sha, keys, args, code)
     finally:
         await _put_back(fast, conn)
 
 
-def _sent(conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args) -> Awaitable[object]:
+def _sent(
+    conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None
+) -> Awaitable[object]:
     return conn.retry.call_with_retry(  # type: ignore[no-any-return]
-        lambda: _exchange(conn, fast, sha, keys, args), lambda _error: drop_connection(conn)
+        lambda: _exchange(conn, fast, sha, keys, args, code), lambda _error: drop_connection(conn)
     )
 
 
@@ -315,6 +368,96 @@ async def _put_back(fast: FastPool, conn: Any) -> None:
 
 
 _NOTIFYING: set[asyncio.Future[None]] = set()  # notifications under way (kept referenced)
+
+
+async def _lane(fast: FastPool) -> Lane | None:
+    """The pool's lane on this event loop, opened if need be; ``None``: none can be had now
+    (the call takes a connection of its own)."""
+    loop = asyncio.get_running_loop()
+    lane = fast.lane
+    if lane is not None:
+        if lane.loop is loop and lane.closed is None:
+            if not lane.stalled(loop.time()):
+                return lane
+            fast.lane = None  # it serves what it has; new calls take a new lane
+            lane.demote()
+        elif lane.loop is not loop:
+            if not lane.loop.is_closed():
+                return None  # the client is in use on another running loop: no lane here
+            fast.lane = None  # opened under an earlier, closed loop: its connection goes back
+            await drop_connection(lane.conn, nowait=True)
+            await _put_back(fast, lane.conn)
+    opening = fast.opening
+    if opening is None or opening.get_loop() is not loop:
+        opening = fast.opening = asyncio.ensure_future(_open_lane(fast, loop))
+        opening.add_done_callback(lambda done: _opened(fast, done))
+    return await asyncio.shield(opening)
+
+
+def _opened(fast: FastPool, done: asyncio.Future[Lane | None]) -> None:
+    if fast.opening is done:
+        fast.opening = None
+    if not done.cancelled():
+        done.exception()  # retrieved: each waiter got it
+
+
+async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | None:
+    pool: Any = fast.pool
+    conn = _idle(fast)
+    if conn is None:
+        conn = await pool.get_connection()
+    try:
+        opened_on = _loop_of(conn)
+        if opened_on is not None and opened_on is not loop:
+            await drop_connection(conn, nowait=True)
+        if not conn.is_connected:
+            await conn.connect_check_health(check_health=True, retry_socket_connect=False)
+        if not lane_capable(conn):
+            fast.laned = False
+            raise _NoLane
+        lane = Lane(conn, loop)
+    except BaseException as exc:
+        if not isinstance(exc, _NoLane):
+            await drop_connection(conn, nowait=True)
+        await _put_back(fast, conn)
+        if isinstance(exc, _NoLane):
+            return None
+        raise
+    lane.on_close(lambda closed: _lane_closed(fast, closed))
+    fast.lane = lane
+    return lane
+
+
+class _NoLane(Exception):
+    pass
+
+
+def _lane_closed(fast: FastPool, lane: Lane) -> None:
+    """A lane closed: its connection goes back to the pool (disconnected unless the lane was
+    retired with nothing owed)."""
+    if fast.lane is lane:
+        fast.lane = None
+    task = asyncio.ensure_future(_give_back(fast, lane))
+    _NOTIFYING.add(task)
+    task.add_done_callback(_NOTIFYING.discard)
+
+
+async def _give_back(fast: FastPool, lane: Lane) -> None:
+    if not lane.retired:
+        await drop_connection(lane.conn, nowait=True)
+    await _put_back(fast, lane.conn)
+
+
+async def _on_lane(fast: FastPool, packed: bytes) -> object:
+    lane = await _lane(fast)
+    if lane is None:
+        raise _NoLane
+    return await lane.call(packed)
+
+
+async def _nothing(_error: BaseException) -> None:
+    """Nothing to undo before a retry: a failed lane has closed itself, and a lane that failed
+    to open has given its connection back."""
 
 
 async def _notify(condition: asyncio.Condition) -> None:

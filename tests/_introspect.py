@@ -28,6 +28,7 @@ from redis_locks_async._owners import PROCESS_TAG_LEN
 from redis_locks_async._runtime import Runtime, existing_runtime
 from redis_locks_async._rwlock import SCRIPTS as RW_SCRIPTS
 from redis_locks_async._semaphore import SCRIPTS as SEM_SCRIPTS
+from redis_locks_async._wire import fast_pool
 
 Client = aioredis.Redis | RedisCluster  # what the library's runtimes are keyed by
 
@@ -111,6 +112,24 @@ async def drain(client: Client, timeout: float = 5.0) -> None:
     state = _state(client)
     if state is not None:
         await state.drain(timeout)
+
+
+async def retire_lane(client: Client, timeout: float = 5.0) -> None:
+    """Have ``client``'s pipelined lane (``_lane``), if one is open, give its connection back
+    to the pool now, and wait until it is there — for tests that take a pool's connections
+    themselves, or that test the per-call path on an idle connection."""
+    fast = fast_pool(client)
+    lane = fast.lane if fast is not None else None
+    if fast is None or lane is None:
+        return
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not lane.retire():  # calls are in flight on it: wait for their replies
+        assert asyncio.get_running_loop().time() < deadline, "the lane never went quiet"
+        await asyncio.sleep(0.002)
+    pool: Any = fast.pool
+    while lane.conn not in pool._available_connections:
+        assert asyncio.get_running_loop().time() < deadline, "the lane's connection not back"
+        await asyncio.sleep(0.002)
 
 
 def renewal_round_trips(client: Client) -> int:

@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 
 from redis_locks_async import Lock, LockError
 from redis_locks_async._wire import fast_pool, run_script
+from tests import _introspect as introspect
 
 from .conftest import Connect
 from .faultproxy import FaultProxy
@@ -55,6 +56,7 @@ async def test_a_plain_client_takes_the_short_way(connect: Connect, name: str) -
 
     lock = Lock(client, name, auto_renew=False)
     await _cycle(lock, 1)  # the first call opens the pool's connection through redis-py
+    await introspect.retire_lane(client)  # (calls that find no idle connection: test_lane)
     pool: Any = client.connection_pool
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(aioredis.Redis, "execute_command", spy)
@@ -181,6 +183,7 @@ async def test_a_connection_the_server_dropped_is_retried(
     user = connect(retry=Retry(NoBackoff(), 2))
     lock = Lock(user, name, auto_renew=False)
     await _cycle(lock, 1)
+    await introspect.retire_lane(user)  # this tests the per-call path
     assert await _kill_pool_connections(user, client) == 1
     async with lock as lease:
         assert lease.fencing_token > 0
@@ -195,6 +198,7 @@ async def test_without_retries_a_dropped_connection_fails_cleanly(
     user = connect(retry=Retry(NoBackoff(), 0))
     lock = Lock(user, name, auto_renew=False)
     await _cycle(lock, 1)
+    await introspect.retire_lane(user)  # this tests the per-call path
     assert await _kill_pool_connections(user, client) == 1
     with pytest.raises(LockError, match=re.escape(name)):
         await lock.acquire()
@@ -216,6 +220,7 @@ async def test_a_server_that_died_is_given_up_on_like_redis_py_does(
     try:
         lock = Lock(client, name, auto_renew=False)
         await _cycle(lock, 1)
+        await introspect.retire_lane(client)  # this tests the per-call path
         assert fast_pool(client) is not None
         pool: Any = client.connection_pool
         (idle,) = pool._available_connections
@@ -265,6 +270,7 @@ async def test_a_connection_torn_down_under_the_call_is_a_connection_error(
     user = connect(retry=Retry(NoBackoff(), retries))
     lock = Lock(user, name, auto_renew=False)
     await _cycle(lock, 1)
+    await introspect.retire_lane(user)  # this tests the per-call path
     pool: Any = user.connection_pool
     (idle,) = pool._available_connections
     idle._writer.close()  # what pool.disconnect() does, the writer left behind half-way

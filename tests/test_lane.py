@@ -1,0 +1,286 @@
+"""The pipelined lane (``_lane``): many tasks' script calls on one connection, each reply to its
+own caller — also with callers cancelled mid-flight, a connection that breaks or goes silent, a
+client closed, a lane left idle — on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import warnings
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from redis_locks_async import Lock
+from redis_locks_async._lane import IDLE, STALL, Lane
+from redis_locks_async._wire import FastPool, fast_pool, run_script
+from tests import _introspect as introspect
+
+from .conftest import Connect
+from .faultproxy import FaultProxy
+from .test_lock_faults import until
+
+ECHO = "return ARGV[1]"
+FAIL = "return redis.error_reply('NOPE ' .. ARGV[1])"
+
+
+async def _loaded(client: aioredis.Redis, source: str) -> str:
+    return str(await client.script_load(source))
+
+
+def _fresh(connect: Connect, url: str | None = None, **kwargs: Any) -> aioredis.Redis:
+    """A client with no connection yet: its first calls find no idle connection in the pool,
+    so they take the lane (a pool with an idle connection serves a lone call directly)."""
+    return connect(url, **kwargs)
+
+
+def _fast(client: aioredis.Redis) -> FastPool:
+    fast = fast_pool(client)
+    assert fast is not None and fast.laned
+    return fast
+
+
+def _lane(client: aioredis.Redis) -> Lane:
+    lane = _fast(client).lane
+    assert lane is not None
+    return lane
+
+
+async def test_every_caller_gets_its_own_reply(connect: Connect) -> None:
+    """300 concurrent calls, a third of them cancelled at random moments, some failing on the
+    server: every call that completes gets the reply to its own command (never a neighbour's),
+    and the lane stays usable and in step."""
+    loader = connect()
+    echo, fail = await _loaded(loader, ECHO), await _loaded(loader, FAIL)
+    client = _fresh(connect, decode_responses=True)
+    fast = _fast(client)
+    mismatches: list[tuple[int, object]] = []
+
+    async def call(i: int) -> None:
+        if i % 7 == 0:
+            with pytest.raises(ResponseError, match=f"NOPE {i}$"):
+                await run_script(fast, fail, (), (i,))
+            return
+        reply = await run_script(fast, echo, (), (f"n{i}",))
+        if reply != f"n{i}":
+            mismatches.append((i, reply))
+
+    for _ in range(3):
+        tasks = [asyncio.create_task(call(i)) for i in range(300)]
+        for _ in range(100):
+            await asyncio.sleep(random.random() * 0.0005)
+            random.choice(tasks).cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert not mismatches
+    lane = _lane(client)
+    assert lane.closed is None
+    assert await run_script(fast, echo, (), ("after",)) == "after"
+
+
+async def test_a_burst_of_acquisitions_shares_few_connections(
+    connect: Connect, name: str
+) -> None:
+    """200 tasks each cycling its own lock: one holder per name at a time, tokens rising, and
+    the client keeps to a handful of connections (not one per task)."""
+    observer = connect()
+    for source in introspect.script_sources():  # no NOSCRIPT fallback through redis-py's way
+        await observer.script_load(source)
+    client = _fresh(connect)
+    tokens: dict[int, list[int]] = {}
+
+    async def worker(i: int) -> None:
+        lock = Lock(client, f"{name}:{i}", auto_renew=False)
+        for _ in range(10):
+            async with lock as lease:
+                tokens.setdefault(i, []).append(lease.fencing_token)
+
+    await asyncio.gather(*(worker(i) for i in range(200)))
+    for seen in tokens.values():
+        assert seen == sorted(seen) and len(set(seen)) == len(seen) == 10
+    pool: Any = client.connection_pool
+    assert len(pool._available_connections) + len(pool._in_use_connections) <= 4
+    assert not await observer.keys(f"{name}*")
+
+
+async def test_a_lane_that_breaks_fails_its_calls_and_the_retry_takes_a_new_one(
+    fault_proxy: FaultProxy, connect: Connect
+) -> None:
+    """The lane's connection reset with 100 calls in flight: each call fails as a connection
+    error, the client's ``Retry`` re-sends it on a new lane, and every call completes with its
+    own reply."""
+    echo = await _loaded(connect(), ECHO)
+    client = _fresh(connect, fault_proxy.url, decode_responses=True, retry=Retry(NoBackoff(), 3))
+    fast = _fast(client)
+    await run_script(fast, echo, (), ("warm",))
+    first = _lane(client)
+    fault_proxy.hold_replies()
+    tasks = [asyncio.create_task(run_script(fast, echo, (), (str(i),))) for i in range(100)]
+    await fault_proxy.wait_held()
+    assert fault_proxy.reset_all() >= 1
+    fault_proxy.release_replies()
+    assert await asyncio.gather(*tasks) == [str(i) for i in range(100)]
+    assert first.closed is not None and not first.retired
+    assert _lane(client) is not first
+
+
+async def test_a_silent_lane_is_left_behind(
+    fault_proxy: FaultProxy, connect: Connect, name: str
+) -> None:
+    """A lane whose replies stop coming (a half-open connection) holds up only the calls already
+    on it: after :data:`STALL` the next call opens a new lane and completes, and the stalled
+    lane closes once nobody waits for what it owes."""
+    direct = connect()
+    echo = await _loaded(direct, ECHO)
+    client = _fresh(connect, fault_proxy.url)
+    fast = _fast(client)
+    assert await run_script(fast, echo, (), ("warm",)) == b"warm"
+    stalled = _lane(client)
+    fault_proxy.hold_replies()
+    stuck = asyncio.create_task(run_script(fast, echo, (), ("stuck",)))
+    await fault_proxy.wait_held()
+    assert fault_proxy.blackhole_held() == 1
+    fault_proxy.release_replies()
+    await asyncio.sleep(STALL + 0.1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await run_script(fast, echo, (), ("fresh",)) == b"fresh"
+    assert loop.time() - started < 1.0
+    assert _lane(client) is not stalled and stalled.demoted
+    assert not stuck.done()
+    stuck.cancel()
+    await until(lambda: stalled.closed is not None, what="the stalled lane closed")
+
+
+async def test_socket_timeout_bounds_a_silent_lane(
+    fault_proxy: FaultProxy, connect: Connect
+) -> None:
+    """With ``socket_timeout`` set, a call on a lane that stops answering fails with redis-py's
+    ``TimeoutError`` once that time has passed, as a call on a connection of its own does."""
+    direct = connect()
+    echo = await _loaded(direct, ECHO)
+    client = connect(fault_proxy.url, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
+    fast = _fast(client)
+    await run_script(fast, echo, (), ("warm",))
+    fault_proxy.hold_replies()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(RedisTimeoutError):
+        await run_script(fast, echo, (), ("late",))
+    assert 0.25 < loop.time() - started < 1.5
+    fault_proxy.heal()
+    assert await run_script(fast, echo, (), ("again",)) == b"again"
+
+
+async def test_an_idle_lane_gives_its_connection_back(connect: Connect) -> None:
+    """After :data:`IDLE` seconds without a call the lane's connection goes back to the pool,
+    connected and usable by redis-py's own commands."""
+    echo = await _loaded(connect(), ECHO)
+    client = _fresh(connect)
+    fast = _fast(client)
+    await run_script(fast, echo, (), ("x",))
+    lane = _lane(client)
+    pool: Any = client.connection_pool
+    assert lane.conn in pool._in_use_connections
+    await until(lambda: lane.closed is not None, what="the lane retired", within=IDLE + 2)
+    assert lane.retired
+    await until(lambda: lane.conn in pool._available_connections, what="connection back")
+    assert lane.conn.is_connected
+    assert await client.ping()
+    assert await client.get("no-such-key-at-all") is None
+
+
+async def test_closing_the_client_under_lane_calls_leaves_nothing_hanging(
+    connect: Connect, name: str
+) -> None:
+    """``aclose()`` of the client while 50 calls are on its lane: each ends (a reply or a
+    connection error, never a hang) and the client works again afterwards."""
+    echo = await _loaded(connect(), "redis.call('PING') return ARGV[1]")
+    client = _fresh(connect, retry=Retry(NoBackoff(), 0))
+    fast = _fast(client)
+    tasks = [asyncio.create_task(run_script(fast, echo, (), (str(i),))) for i in range(50)]
+    await asyncio.sleep(0)
+    await client.aclose()
+    done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+    for i, outcome in enumerate(done):
+        assert outcome == str(i).encode() or isinstance(outcome, RedisConnectionError), outcome
+    assert await run_script(fast, echo, (), ("after",)) == b"after"
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_both_protocols(connect: Connect, name: str, protocol: int) -> None:
+    """RESP2 and RESP3 connections both carry a lane, with replies and errors as redis-py's."""
+    loader = connect()
+    echo, fail = await _loaded(loader, ECHO), await _loaded(loader, FAIL)
+    client = _fresh(connect, protocol=protocol)
+    fast = _fast(client)
+    replies = await asyncio.gather(*(run_script(fast, echo, (), (str(i),)) for i in range(20)))
+    assert replies == [str(i).encode() for i in range(20)]
+    with pytest.raises(ResponseError, match="NOPE x"):
+        await run_script(fast, fail, (), ("x",))
+    async with Lock(client, name) as lease:
+        assert lease.fencing_token > 0
+
+
+def test_a_client_used_under_one_event_loop_after_another(redis_url: str, name: str) -> None:
+    """A lane opened under an earlier ``asyncio.run`` is not used under the next one: its
+    connection goes back to the pool and a new lane carries the calls."""
+    client = aioredis.Redis.from_url(redis_url)
+
+    async def cycle() -> None:
+        await asyncio.gather(*(_hold(Lock(client, f"{name}:{i}")) for i in range(20)))
+
+    async def again_and_close() -> Lane:
+        try:
+            await cycle()
+            return _lane(client)
+        finally:
+            await client.aclose()  # on the loop that used it last (see the README)
+
+    with warnings.catch_warnings():
+        # The first loop's connection cannot be closed once that loop is (redis-py's affair,
+        # as for any pooled connection: see the README); it is let go, unclosed.
+        warnings.simplefilter("ignore", ResourceWarning)
+        asyncio.run(cycle())
+        first = _lane(client)
+        second = asyncio.run(again_and_close())
+        assert second is not first
+        pool: Any = client.connection_pool
+        assert first.conn not in pool._in_use_connections
+        del first
+        gc.collect()
+
+
+async def _hold(lock: Lock) -> None:
+    async with lock:
+        await asyncio.sleep(0)
+
+
+async def test_a_script_the_server_lost_is_sent_whole_on_the_same_path(
+    connect: Connect, name: str
+) -> None:
+    """After ``SCRIPT FLUSH`` 50 concurrent acquisitions get ``NOSCRIPT`` and send the script
+    whole (``EVAL``) the way they came — no call falls over to redis-py's path, which would
+    open a connection per call — and each gets its own lock."""
+    admin = connect()
+    for source in introspect.script_sources():
+        await admin.script_load(source)
+    client = _fresh(connect)
+    await asyncio.gather(*(_hold(Lock(client, f"{name}:warm:{i}")) for i in range(5)))
+    await admin.script_flush()
+    tokens = await asyncio.gather(*(_token(Lock(client, f"{name}:{i}")) for i in range(50)))
+    assert all(token > 0 for token in tokens)
+    pool: Any = client.connection_pool
+    assert len(pool._available_connections) + len(pool._in_use_connections) <= 3
+    assert not await admin.keys(f"{name}*")
+
+
+async def _token(lock: Lock) -> int:
+    async with lock as lease:
+        return lease.fencing_token

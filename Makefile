@@ -63,7 +63,7 @@ pytest: venv
 # Valkey, each in its own .venv-X.Y with only the `test` extra. A version that is not installed
 # (neither pythonX.Y on PATH nor under pyenv) is skipped with a note.
 PY_SUBSET ?= 3.10 3.13
-FAST_TESTS ?= tests/test_lock.py tests/test_keys.py tests/test_asyncio_only.py
+FAST_TESTS ?= tests/test_lock.py tests/test_keys.py tests/test_asyncio_only.py tests/test_lane.py
 pytest-pythons:
 	@status=0; \
 	for v in $(PY_SUBSET); do \

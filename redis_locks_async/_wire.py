@@ -413,9 +413,12 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
         if not conn.is_connected:
             await conn.connect_check_health(check_health=True, retry_socket_connect=False)
         if not lane_capable(conn):
+            raise _NoLane  # (this connection: the call takes it as a connection of its own)
+        try:
+            lane = Lane(conn, loop)
+        except Exception as exc:  # redis-py's internals not as expected: no lanes on this pool
             fast.laned = False
-            raise _NoLane
-        lane = Lane(conn, loop)
+            raise _NoLane from exc
     except BaseException as exc:
         if not isinstance(exc, _NoLane):
             await drop_connection(conn, nowait=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Final, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -52,8 +53,9 @@ else:
 
 __all__ = ("IDLE", "Lane", "lane_capable", "lane_possible")
 
-IDLE: Final = 1.0
-"""Seconds without a call after which a lane gives its connection back to the pool."""
+IDLE: Final = 0.25
+"""Seconds without a call after which a lane gives its connection back to the pool (at once,
+when the pool has no connection left to give: see :func:`._wire.crowded`)."""
 
 STALL: Final = 0.1
 """Seconds the oldest unanswered call of a lane may wait before new calls stop joining it (a
@@ -90,8 +92,11 @@ def lane_capable(conn: Any) -> bool:
 class Lane(asyncio.Protocol):
     """One pipelined connection: calls in, replies out in the same order."""
 
-    def __init__(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, conn: Any, loop: asyncio.AbstractEventLoop, crowded: Callable[[], bool]
+    ) -> None:
         self.conn = conn
+        self._crowded = crowded  # the pool needs the connection back as soon as it is free
         self.loop = loop
         self.closed: BaseException | None = None
         self.retired = False  # closed with nothing owed: the connection is fit for reuse
@@ -181,7 +186,7 @@ class Lane(asyncio.Protocol):
             self._fail(RedisConnectionError(f"unreadable reply on the lane: {exc!r}"))
             return
         self._progress = self.loop.time()
-        if self.demoted and not pending:
+        if not pending and (self.demoted or self._crowded()):
             self.retire()
 
     def eof_received(self) -> bool | None:

@@ -415,7 +415,7 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
         if not lane_capable(conn):
             raise _NoLane  # (this connection: the call takes it as a connection of its own)
         try:
-            lane = Lane(conn, loop)
+            lane = Lane(conn, loop, lambda: _crowded(fast))
         except Exception as exc:  # redis-py's internals not as expected: no lanes on this pool
             fast.laned = False
             raise _NoLane from exc
@@ -431,18 +431,50 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
     return lane
 
 
+def _crowded(fast: FastPool) -> bool:
+    """The pool has no connection left to give: it is at ``max_connections`` with none idle,
+    or tasks queue for one — an idle lane gives its connection back at once."""
+    pool: Any = fast.pool
+    condition: Any = fast.condition
+    if condition is not None and condition._waiters:
+        return True
+    available: list[Any] = pool._available_connections
+    in_use: set[Any] = pool._in_use_connections
+    return not available and len(in_use) >= pool.max_connections
+
+
 class _NoLane(Exception):
     pass
 
 
 def _lane_closed(fast: FastPool, lane: Lane) -> None:
-    """A lane closed: its connection goes back to the pool (disconnected unless the lane was
-    retired with nothing owed)."""
+    """A lane closed: its connection goes back to the pool — at once, ready for use, if the
+    lane was retired with nothing owed (the next command may be the application's own, on a
+    pool with no other connection); else disconnected, by a task."""
     if fast.lane is lane:
         fast.lane = None
+    if lane.retired and _returned(fast, lane.conn):
+        return
     task = asyncio.ensure_future(_give_back(fast, lane))
     _NOTIFYING.add(task)
     task.add_done_callback(_NOTIFYING.discard)
+
+
+def _returned(fast: FastPool, conn: Any) -> bool:
+    """:func:`_put_back` without waiting, for a connection fit for reuse (``False``: it needs
+    the waiting kind)."""
+    pool: Any = fast.pool
+    in_use: set[Any] = pool._in_use_connections
+    if conn not in in_use or conn.should_reconnect():
+        return False
+    in_use.discard(conn)
+    pool._available_connections.append(conn)
+    condition = fast.condition
+    if condition is not None and condition._waiters:
+        notify = asyncio.ensure_future(_notify(condition))
+        _NOTIFYING.add(notify)
+        notify.add_done_callback(_NOTIFYING.discard)
+    return True
 
 
 async def _give_back(fast: FastPool, lane: Lane) -> None:

@@ -284,3 +284,27 @@ async def test_a_script_the_server_lost_is_sent_whole_on_the_same_path(
 async def _token(lock: Lock) -> int:
     async with lock as lease:
         return lease.fencing_token
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_a_pool_of_one_connection_is_not_kept_from_the_application(
+    redis_url: str, name: str, blocking: bool
+) -> None:
+    """Bug (found while building the lane): on a pool of ``max_connections=1`` the lane kept the
+    only connection after its call was answered, and the application's own command inside
+    ``async with lock:`` failed with "Too many connections" (a ``BlockingConnectionPool``
+    waited out its timeout). An idle lane on a pool with no connection left to give hands its
+    connection back at once, ready for the next command."""
+    pool_class = aioredis.BlockingConnectionPool if blocking else aioredis.ConnectionPool
+    pool = pool_class.from_url(redis_url, max_connections=1, **({"timeout": 1} if blocking else {}))
+    client = aioredis.Redis(connection_pool=pool)
+    try:
+        lock = Lock(client, name, auto_renew=False)
+        for i in range(20):
+            async with lock:
+                await client.set(f"{name}:data", i)
+            assert await client.get(f"{name}:data") == str(i).encode()
+        await client.delete(f"{name}:data")
+    finally:
+        await client.aclose()
+        await pool.disconnect()

@@ -14,7 +14,10 @@ authenticated, database selected: redis-py's handshake), and its transport is gi
 of this module's that feeds the bytes received to a ``hiredis`` reader and hands each reply to
 its caller's future from within the event loop's callback — no reader task, no per-read
 timeout scope. The connection stays in the pool's "in use" set while the lane has it; the lane
-gives it back after :data:`IDLE` seconds without a call.
+gives it back (the stream protocol restored, fit for redis-py's own use) after :data:`IDLE`
+seconds without a call, or as soon as nothing is owed on it when the pool has no other
+connection to give. A lane whose oldest call waits longer than :data:`STALL` takes no new calls
+(they open another lane) and goes once nothing it owes is awaited.
 
 What is kept of redis-py's contract (see :mod:`._wire`): errors arrive as redis-py's exceptions
 (``NOSCRIPT`` as ``NoScriptError``, ``WRONGTYPE`` as ``ResponseError``); the client's
@@ -25,8 +28,9 @@ which is safe because every script is idempotent. A call that is cancelled gives
 only; its reply, when it comes, is read and dropped, so the connection stays usable and in step
 — nobody ever reads another call's reply.
 
-A lane is used only where :func:`._wire.fast_pool` already takes the short way, with RESP2 and
-without a health-check interval; otherwise the calls keep the short way's per-call connections.
+A lane is used only where :func:`._wire.fast_pool` already takes the short way, with RESP2 (or
+RESP3 with a hiredis that tells push messages from replies) and without a health-check
+interval; otherwise the calls keep the short way's per-call connections.
 """
 
 from __future__ import annotations

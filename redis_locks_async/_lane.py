@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any, Final, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import InvalidResponse, ResponseError
+from redis.exceptions import InvalidResponse
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 try:
@@ -181,7 +181,10 @@ class Lane(asyncio.Protocol):
                     raise InvalidResponse(f"a reply nobody asked for: {reply!r}")
                 future = pending.popleft()
                 if not future.done():
-                    if isinstance(reply, ResponseError):
+                    # An error reply is an exception object (redis-py's parse_error): a
+                    # ResponseError, or a ConnectionError kind (LOADING: BusyLoadingError,
+                    # which the client's Retry retries) — never a value.
+                    if isinstance(reply, Exception):
                         future.set_exception(reply)
                     else:
                         future.set_result(reply)

@@ -14,8 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redis_locks_async import Lock
@@ -308,3 +308,22 @@ async def test_a_pool_of_one_connection_is_not_kept_from_the_application(
     finally:
         await client.aclose()
         await pool.disconnect()
+
+
+async def test_an_error_of_a_connection_kind_is_raised_not_returned(connect: Connect) -> None:
+    """Bug (attack pass on the lane): a ``-LOADING`` reply (a server restarted with a large
+    dataset), which redis-py's parser turns into ``BusyLoadingError`` — a *connection* error
+    kind, not a ``ResponseError`` — was handed to the caller as the reply value; the lock then
+    failed with "unexpected script reply" instead of the client's ``Retry`` retrying it. Every
+    error reply is raised."""
+    loader = connect()
+    loading = await _loaded(loader, "return redis.error_reply('LOADING fake ' .. ARGV[1])")
+    client = _fresh(connect, retry=Retry(NoBackoff(), 0))
+    fast = _fast(client)
+
+    async def call(i: int) -> None:
+        with pytest.raises(BusyLoadingError, match=f"fake {i}"):
+            await run_script(fast, loading, (), (str(i),))
+
+    await asyncio.gather(*(call(i) for i in range(10)))
+    assert _lane(client) is not None

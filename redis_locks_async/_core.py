@@ -1211,13 +1211,16 @@ class LockBase:
         command: Coroutine[Any, Any, _T],
         undo: Callable[[], Awaitable[object]] | None,
         deadline: float | Callable[[], float] | None,
+        *,
+        drained: bool = True,
     ) -> _T:
         """Run ``command`` in a job task and return its reply (module docstring, point 3).
 
         If the caller is cancelled, ``deadline`` (loop time, or a function of it re-read when
         it comes: see :class:`_Deadline`) passes — :class:`_Expired` —, or the command fails in
         a way after which it may still have run, ``undo`` is sent in the background. Errors
-        are redis-py's (the caller translates them).
+        are redis-py's (the caller translates them). Without ``drained``, a close does not
+        wait for the job (:meth:`Runtime.track`).
         """
         loop = runtime.loop
         reply: asyncio.Future[_T] = loop.create_future()
@@ -1226,7 +1229,7 @@ class LockBase:
         else:
             job = loop.create_task(_job(command, reply))
         if not job.done():
-            runtime.track(job)
+            runtime.track(job, drained=drained)
         timer = None if deadline is None else _Deadline(loop, reply, deadline)
         try:
             return await reply
@@ -1269,7 +1272,9 @@ class LockBase:
         """
         if not _DIRECT:
             return await self._pool_patient(
-                lambda: self._call(runtime, call.run(self._redis), undo, bound), patience
+                # (Not waited for by a close, as on 3.11+ the direct command is not: Runtime.track.)
+                lambda: self._call(runtime, call.run(self._redis), undo, bound, drained=False),
+                patience,
             )
         task = asyncio.current_task()
         before = _cancelling(task)

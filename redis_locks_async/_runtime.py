@@ -192,6 +192,7 @@ class Runtime:
 
     __slots__ = (
         "__weakref__",
+        "_commands",
         "_finished",
         "_hubs",
         "_server",
@@ -218,6 +219,9 @@ class Runtime:
         # The timeout scopes of acquisitions whose command is in flight in the caller's own
         # task (Python >= 3.11): the close expires them (the others run in tracked job tasks).
         self.in_flight: set[Any] = set()
+        # Their Python 3.10 counterparts: the job tasks of those commands (tracked; the close
+        # cancels them once it is done, as it expires the scopes, and does not drain them).
+        self._commands: set[asyncio.Task[Any]] = set()
         self.holds: dict[tuple[Hashable, asyncio.Task[Any]], Hold] = {}
         # (hold key, task) -> how many acquire() calls of that task for that key are running
         # (a task that waits for a lock cannot be handed it: it would wait for itself).
@@ -294,16 +298,23 @@ class Runtime:
         if self._undoing:
             await asyncio.wait(set(self._undoing), timeout=timeout)
 
-    def track(self, task: asyncio.Task[Any]) -> None:
-        """Track a task created elsewhere (a command in flight): cancelled on close."""
+    def track(self, task: asyncio.Task[Any], *, drained: bool = True) -> None:
+        """Track a task created elsewhere (a command in flight): cancelled on close. Without
+        ``drained``, the close does not wait for it first: an acquisition's command (Python
+        3.10; on 3.11+ it runs in the caller's task, in :attr:`in_flight`) — its undo must
+        start once the close is done, as a clean-up after the close, not during the close's
+        drain (where the close would cut it short, and it would retry on after the close)."""
         if self._finished:
             task.cancel()
             return
         self._tasks.add(task)
+        if not drained:
+            self._commands.add(task)
         task.add_done_callback(self._task_done_quietly)
 
     def _task_done_quietly(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        self._commands.discard(task)
         if not task.cancelled():
             task.exception()  # retrieved: the awaiting caller re-raises it, if still there
 
@@ -321,7 +332,11 @@ class Runtime:
         long_lived = {self.keeper.task, asyncio.current_task()}
         for hub in self._hubs.values():
             long_lived |= hub.long_lived
-        return [task for task in self._tasks if task not in long_lived and not task.done()]
+        return [
+            task
+            for task in self._tasks
+            if task not in long_lived and task not in self._commands and not task.done()
+        ]
 
     @property
     def pending_cleanups(self) -> int:

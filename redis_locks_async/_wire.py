@@ -389,8 +389,16 @@ async def _lane(fast: FastPool) -> Lane | None:
             await _put_back(fast, lane.conn)
     opening = fast.opening
     if opening is None or opening.get_loop() is not loop:
+        if _crowded(fast):
+            # Tasks queue for the pool's connections (or it has none to give): the call takes
+            # its turn like them. One opener for every call would lose each race for a freed
+            # connection to whoever asks right then (redis-py's blocking pool is not FIFO),
+            # and fail them all at once at the pool's timeout.
+            return None
         opening = fast.opening = asyncio.ensure_future(_open_lane(fast, loop))
         opening.add_done_callback(lambda done: _opened(fast, done))
+    elif _crowded(fast):
+        return None  # the opening queues for a connection: not every call behind it
     return await asyncio.shield(opening)
 
 
@@ -405,6 +413,8 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
     pool: Any = fast.pool
     conn = _idle(fast)
     if conn is None:
+        if _crowded(fast):
+            return None
         conn = await pool.get_connection()
     try:
         opened_on = _loop_of(conn)
@@ -484,7 +494,10 @@ async def _give_back(fast: FastPool, lane: Lane) -> None:
 
 
 async def _on_lane(fast: FastPool, packed: bytes) -> object:
-    lane = await _lane(fast)
+    try:
+        lane = await _lane(fast)
+    except TORN_DOWN as exc:  # the pool disconnected under the opening (redis-py's connect())
+        raise connection_failed(exc) from exc
     if lane is None:
         raise _NoLane
     return await lane.call(packed)

@@ -294,7 +294,8 @@ async def run_script(
 
     An idle connection is taken straight from the pool while nothing else is going on there;
     otherwise (none idle, tasks queued for one, the pool busy with its own bookkeeping) the
-    pool's own ``get_connection()`` and ``release()`` take their course."""
+    call joins the pool's lane, and where none can be had, the pool's own ``get_connection()``
+    and ``release()`` take their course."""
     conn = _idle(fast)
     if conn is None and fast.laned:
         packed = fast.pack(sha, keys, args, code)
@@ -351,20 +352,28 @@ async def _put_back(fast: FastPool, conn: Any) -> None:
         await drop_connection(conn)
         return
     in_use.discard(conn)
-    condition = fast.condition
     try:
         if conn.should_reconnect():
             await drop_connection(conn)
     finally:
         pool._available_connections.append(conn)
-        if condition is not None and condition._waiters:
-            # The notification is owed whatever happens to the caller: cancelled while it
-            # waits for the condition's lock, it would leave a queued task asleep beside an
-            # idle connection until the pool's timeout. So it runs in a task of its own.
-            notify = asyncio.ensure_future(_notify(condition))
-            _NOTIFYING.add(notify)
-            notify.add_done_callback(_NOTIFYING.discard)
+        notify = _notify_queued(fast)
+        if notify is not None:
             await asyncio.shield(notify)
+
+
+def _notify_queued(fast: FastPool) -> asyncio.Future[None] | None:
+    """Wake a task queued for a connection of ``fast``'s pool, if any (a connection was just
+    given back). The notification is owed whatever happens to the caller: cancelled while it
+    waited for the condition's lock, it would leave a queued task asleep beside an idle
+    connection until the pool's timeout. So it runs in a task of its own."""
+    condition = fast.condition
+    if condition is None or not condition._waiters:
+        return None
+    notify = asyncio.ensure_future(_notify(condition))
+    _NOTIFYING.add(notify)
+    notify.add_done_callback(_NOTIFYING.discard)
+    return notify
 
 
 _NOTIFYING: set[asyncio.Future[None]] = set()  # notifications under way (kept referenced)
@@ -479,11 +488,7 @@ def _returned(fast: FastPool, conn: Any) -> bool:
         return False
     in_use.discard(conn)
     pool._available_connections.append(conn)
-    condition = fast.condition
-    if condition is not None and condition._waiters:
-        notify = asyncio.ensure_future(_notify(condition))
-        _NOTIFYING.add(notify)
-        notify.add_done_callback(_NOTIFYING.discard)
+    _notify_queued(fast)
     return True
 
 

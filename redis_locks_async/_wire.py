@@ -61,6 +61,7 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._lane import Lane, lane_capable, lane_possible
 
@@ -299,13 +300,31 @@ async def run_script(
     conn = _idle(fast)
     if conn is None and fast.laned:
         packed = fast.pack(sha, keys, args, code)
+        failed: BaseException | None = None
+        lane = fast.lane
+        if lane is not None and lane.closed is None:
+            loop = asyncio.get_running_loop()
+            if lane.loop is loop and not lane.stalled(loop.time()):
+                # The common case, without the layers below: the open lane takes the call.
+                try:
+                    return await lane.call(packed)
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    failed = exc  # the Retry's first failure (below)
+
+        def attempt() -> Awaitable[object]:
+            nonlocal failed
+            if failed is not None:
+                error, failed = failed, None
+                raise error
+            return _on_lane(fast, packed)
+
         retry = fast.retry
         if retry is None:
             pool: Any = fast.pool
             # The Retry every connection of the pool gets (a connection object is only built).
             retry = fast.retry = pool.connection_class(**pool.connection_kwargs).retry
         try:
-            return await retry.call_with_retry(lambda: _on_lane(fast, packed), _nothing)
+            return await retry.call_with_retry(attempt, _nothing)
         except _NoLane:
             pass
     if conn is None:

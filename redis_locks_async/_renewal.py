@@ -82,9 +82,9 @@ _PHASE_RANGE: Final = 3600.0  # seconds; beats of whole-multiple periods still c
 
 
 def _due_at(hold: Hold) -> float:
-    """When the keeper must look at ``hold``: its renewal (or confirmation), or the expiry of
-    a lease that is not renewed."""
-    return hold.renew_at if hold.wants_renewal else hold.expires_at
+    """When the keeper must look at ``hold``: its renewal (or confirmation); never for a lease
+    that is not renewed (the watchdog marks it lost at its end)."""
+    return hold.renew_at if hold.wants_renewal else math.inf
 
 
 def _expiry(hold: Hold) -> float:
@@ -178,6 +178,7 @@ class LeaseKeeper:
         if (
             kick is not None
             and wake_at is not None
+            and wake_at != math.inf  # lingering already
             and not kick.done()
             and wake_at - kick.get_loop().time() > _IDLE_LINGER
         ):
@@ -254,16 +255,6 @@ class LeaseKeeper:
                 # Checked here too, not only by cancellation: Python <= 3.11's wait_for swallows
                 # a cancellation that lands as the renewal's reply arrives.
                 return
-            if not self._holds:
-                # Linger before exiting: a client that acquires again soon (the common case)
-                # does not pay for a new task on every acquisition.
-                self._kick = loop.create_future()
-                self._wake_at = math.inf  # any new hold wakes the keeper at once
-                await asyncio.wait((self._kick,), timeout=_IDLE_LINGER)
-                if not self._holds or self._closed:
-                    self._task = None
-                    self._wake_at = None
-                    return
             now = loop.time()
             next_at = math.inf
             due: list[Hold] = []
@@ -278,8 +269,9 @@ class LeaseKeeper:
                 elif hold.expires_at <= now:
                     self._holds.discard(hold)
                     hold.mark_lost(hold.expiry_reason)
-                else:
-                    next_at = min(next_at, hold.expires_at)
+                # A lease that is not renewed is the watchdog's alone (its timer marks it lost
+                # at its end): the keeper does not wake for it, so acquiring and releasing one
+                # costs the keeper nothing.
             if due:
                 for batch in self._batches(due):
                     # A step of the loop per pipeline built, and per answer judged: 10,000
@@ -288,6 +280,16 @@ class LeaseKeeper:
                     await self._renew(batch)
                 continue
             if next_at == math.inf:
+                # Nothing to renew: linger before exiting, so a client that acquires again
+                # soon (the common case) does not pay for a new task on every acquisition.
+                # Holds only watched (not renewed) keep the keeper lingering.
+                self._kick = loop.create_future()
+                self._wake_at = math.inf  # a hold to renew wakes the keeper at once
+                await asyncio.wait((self._kick,), timeout=_IDLE_LINGER)
+                self._wake_at = None
+                if not self._holds or self._closed:
+                    self._task = None
+                    return
                 continue
             self._kick = loop.create_future()
             self._wake_at = next_at

@@ -393,6 +393,36 @@ async def test_keeper_and_watchdog_do_not_outlive_the_last_hold(
     assert keeper.task is None
 
 
+async def test_a_lease_without_renewal_never_wakes_the_keeper(
+    client: aioredis.Redis, name: str
+) -> None:
+    """Hot path (B1 with ``auto_renew=False``): each acquisition of a lease that is not renewed
+    woke the keeper's task twice (its expiry to sleep until, then the release to linger again):
+    two ``asyncio.wait`` and two event-loop iterations per cycle for nothing, the watchdog's
+    timer marking such a lease lost by itself. The keeper now sleeps through them, and the
+    lease is still lost on time."""
+    lock = Lock(client, name, lease=30.0, auto_renew=False)
+    assert await lock.acquire()
+    keeper = introspect.keeper(client)
+    task = keeper.task
+    assert task is not None
+    await lock.release()
+    await asyncio.sleep(0.01)
+    kick = keeper._kick
+    assert kick is not None and not kick.done()
+    for _ in range(20):
+        assert await lock.acquire()
+        await lock.release()
+    assert keeper._kick is kick and not kick.done(), "the keeper was woken"
+    assert keeper.task is task
+    lost = asyncio.Event()
+    short = Lock(client, name, lease=0.3, auto_renew=False, on_lost=lambda _: lost.set())
+    assert await short.acquire()
+    await asyncio.wait_for(lost.wait(), 2.0)
+    with pytest.raises(LockLostError):
+        await short.release()
+
+
 def _slow_replies(client: aioredis.Redis, sha: str, delay: float) -> None:
     """Run ``client``'s direct calls of script ``sha`` on the server, then hold their reply
     back ``delay`` s (the lease keeper's pipelined renewals go through untouched)."""

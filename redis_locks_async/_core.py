@@ -1455,12 +1455,18 @@ class LockBase:
         deadline = None if timeout is None else loop.time() + timeout
         owner = new_owner_id()
         channel = self._policy.keys.channel
-        if not runtime.contended(channel):
+        contended = runtime.contended(channel)
+        if not contended or timeout == 0:
             # Nobody here waits for this lock: one plain attempt first (the fast path), and
-            # only one at a time per lock (others queue behind it, in the parking lot).
+            # only one at a time per lock (others queue behind it, in the parking lot). A try
+            # (timeout 0) always makes its one attempt, also beside local waiters and attempts
+            # in flight: the server alone knows whether a permit, a read share, or the lock
+            # itself is free for it (a try answered False from the local queue refused a free
+            # permit to concurrent tries of a Semaphore).
             bound = loop.time() + TRY_BOUND if timeout == 0 else deadline
             sent_at = loop.time()
-            runtime.trying[channel] = None
+            if not contended:
+                runtime.trying[channel] = None
             try:
                 call = self._attempt_call(runtime, owner, False, task)
                 undo = self._abandon(owner)
@@ -1488,7 +1494,8 @@ class LockBase:
                 logger.info("acquiring %r: %r; retrying", self._name, exc)
                 reply = None
             finally:
-                runtime.end_try(channel)
+                if not contended:
+                    runtime.end_try(channel)
             if reply is None:
                 return await self._wait(runtime, task, new_owner_id(), deadline, first=True)
             self._check_reply(reply, "acquire")

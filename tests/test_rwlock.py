@@ -148,6 +148,38 @@ class TestReadWriteLock:
         assert loop.time() - started < 4.0
         await writer.release()
 
+    async def test_concurrent_read_tries_each_ask_the_server(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (contract probe): with the lock free, three tasks trying ``rw.read``
+        at once got ``[True, False, False]``, and with ``prefer_writers=False`` a read try
+        beside a holding reader and a waiting writer of the same process got ``False``: a try
+        made while another attempt or waiter on the name was in the process answered from the
+        local queue, without asking the server. Each try now makes its one attempt."""
+        rw = ReadWriteLock(client, name, prefer_writers=False)
+        tried: list[bool] = []
+        done = asyncio.Event()
+
+        async def reader() -> None:
+            held = await rw.read.acquire(blocking=False)
+            tried.append(held)
+            await done.wait()
+            if held:
+                await rw.read.release()
+
+        readers = [asyncio.create_task(reader()) for _ in range(3)]
+        await until(lambda: len(tried) == 3, what="every read try answered", within=10)
+        assert tried == [True, True, True]
+        writer = HoldingTask(rw.write)
+        await until(lambda: introspect.local_waiters(client) > 0, what="the writer waits")
+        late = asyncio.create_task(reader())
+        await until(lambda: len(tried) == 4, what="the late read try answered", within=10)
+        assert tried[3] is True  # prefer_writers=False: readers in while no writer holds
+        done.set()
+        await asyncio.wait_for(asyncio.gather(*readers, late), 10)
+        assert await writer.wait_acquired(10) is not None
+        await writer.end()
+
     async def test_reentrant_sides(self, client: aioredis.Redis, name: str) -> None:
         rw = ReadWriteLock(client, name)
         async with rw.write, rw.write:

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from redis_locks_async import LockError, LockNotOwnedError, Semaphore
 from tests import _introspect as introspect
+from tests.test_lock_faults import until
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -46,6 +47,36 @@ class TestSemaphore:
         with pytest.raises(LockNotOwnedError):
             await sem.release()
         assert not await client.exists(name)
+
+    @pytest.mark.parametrize("how", ["blocking=False", "timeout=0"])
+    async def test_concurrent_tries_each_ask_the_server(
+        self, client: aioredis.Redis, name: str, how: str
+    ) -> None:
+        """Regression (contract probe): three tasks trying a ``Semaphore`` of 3 free permits at
+        once got ``[True, False, False]``: a try made while another attempt on the name was
+        in flight in the process answered ``False`` from the local queue, without asking the
+        server. Each try now makes its one attempt."""
+        sem = Semaphore(client, name, 3)
+        tried: list[bool] = []
+        done = asyncio.Event()
+
+        async def attempt() -> None:
+            if how == "timeout=0":
+                held = await sem.acquire(timeout=0)
+            else:
+                held = await sem.acquire(blocking=False)
+            tried.append(held)
+            await done.wait()
+            if held:
+                await sem.release()
+
+        tasks = [asyncio.create_task(attempt()) for _ in range(4)]
+        await until(lambda: len(tried) == 4, what="every try answered", within=10)
+        assert sorted(tried) == [False, True, True, True]
+        assert await sem.free_permits() == 0
+        done.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert await sem.free_permits() == 3
 
     async def test_freed_permits_wake_that_many_waiters(
         self, connect: Connect, client: aioredis.Redis, name: str

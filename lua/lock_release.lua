@@ -21,12 +21,20 @@
 -- On a free: the lock is handed to the oldest live registration ("g:..." announced, see
 -- prelude.lua, hand_over), or deleted — with "f:1" announced when registrations were found
 -- dead on the way (with nobody registered, every waiter has an attempt or a timer coming).
--- A key of another type fails the script with WRONGTYPE before anything is written.
+-- A key of another type fails the script with WRONGTYPE before anything is written; an
+-- "abandon" over a hash that is not a lock (foreign data), by an owner not registered, changes
+-- nothing.
 
 local lock, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, mode, channel, sharded = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
 
 local held = redis.call('HMGET', lock, 'owner', 'token')
+if mode == 'abandon' and not held[1] and redis.call('EXISTS', lock) == 1
+        and not redis.call('ZSCORE', queue, me) then
+    -- The key holds foreign data (a user's hash): no attempt can take it, and ARGV[1] is not
+    -- registered. Nothing to give up, and nothing is written beside the user's key.
+    return {0, 0}
+end
 if held[1] ~= me then
     redis.call('HGET', meta, 'last')  -- reads meta and done before the first write (type check)
     redis.call('ZSCORE', done, me)

@@ -156,6 +156,14 @@ def _took(reply: object) -> bool:
     return _status(reply) == 1
 
 
+def _refusal(reply: object) -> bool:
+    """A master's script refused the call and changed nothing there: a key of another type
+    (an error that is not transient) or of another kind (``-2``)."""
+    return (isinstance(reply, ResponseError) and not transient_error(reply)) or _status(
+        reply
+    ) == -2
+
+
 @final
 class _Entry:
     """One re-entry of a hold on the masters, while its round or a drop of it is under way:
@@ -492,15 +500,19 @@ class FanOut:
             ]
         # A failed round: abandon it on every master, whatever each answered — also one that
         # came back after the client was closed (nobody may hold the lock then), whose clean-up
-        # the caller waits for a moment: two tries' worth (it goes on in the background).
-        swept = self._sweep(state, owner, value)
+        # the caller waits for a moment: two tries' worth (it goes on in the background) —
+        # except where the script refused (a key of another type or kind: it changed nothing
+        # there, and an abandon would write its bookkeeping beside the user's key).
+        refusing = [i for i, r in enumerate(results) if _refusal(r)]
+        swept = self._sweep(
+            state,
+            owner,
+            value,
+            [i for i in range(len(results)) if i not in refusing] if refusing else None,
+        )
         if closed:
             await asyncio.wait((swept,), timeout=2 * max(_SWEEP_MIN_PATIENCE, state.node_timeout))
-        refused = [
-            r
-            for r in results
-            if (isinstance(r, ResponseError) and not transient_error(r)) or _status(r) == -2
-        ]
+        refused = [results[i] for i in refusing]
         if len(refused) > len(self.masters) - self.quorum:
             # A wrong-type key, a refused script on so many masters that no quorum is possible:
             # the caller must see it. Fewer are failed masters, which a quorum tolerates.
@@ -672,19 +684,25 @@ class FanOut:
         """Abandon ``value`` on the masters (all, or ``only`` those) in the background: each
         master's :class:`_Janitor` owes it. The future is done once every one of them has
         confirmed the abandon or given up on it."""
-        until = asyncio.get_running_loop().time() + 2 * state.lease + _SWEEP_PATIENCE
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 2 * state.lease + _SWEEP_PATIENCE
         indexes = range(len(self.masters)) if only is None else only
+
+        def swept(_: object = None) -> None:
+            state.open.discard(value)
+            if self._owners.get(owner) is state:
+                self._tidy(owner)
+
+        if not indexes:  # nothing to abandon anywhere: settled now, not a loop step later
+            swept()
+            done: asyncio.Future[Any] = loop.create_future()
+            done.set_result(None)
+            return done
         closed = self._closed()
         if closed is not None:
             settled: asyncio.Future[Any] = self._sweep_once(closed, state, value, indexes)
         else:
             settled = asyncio.gather(*(self._janitor(i).owe(state, value, until) for i in indexes))
-
-        def swept(_: asyncio.Future[Any]) -> None:
-            state.open.discard(value)
-            if self._owners.get(owner) is state:
-                self._tidy(owner)
-
         settled.add_done_callback(swept)
         return settled
 

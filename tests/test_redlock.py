@@ -1074,6 +1074,31 @@ async def test_extend_over_a_wrong_type_key_names_the_key(
     await settle(lock)
 
 
+@pytest.mark.parametrize("kind", ["string", "hash"])
+async def test_a_round_refused_as_a_wrong_key_changes_nothing(
+    clients: Clients, inspectors: list[aioredis.Redis], name: str, kind: str
+) -> None:
+    """Regression (contract probe, S5): with the user's own key under the lock's name on
+    every master, ``acquire`` raised "… nothing was changed", yet the failed round's clean-up
+    (an abandon on every master) had written its bookkeeping key beside the user's key. A
+    master whose script refused the attempt is no longer swept."""
+    for inspector in inspectors[:3]:
+        if kind == "string":
+            await inspector.set(name, "not a lock")
+        else:
+            await inspector.hset(name, mapping={"foo": "bar"})
+    try:
+        with pytest.raises(LockError, match=r"nothing was changed|wrong type|not a lock"):
+            await RedLock(clients(3), name).acquire(timeout=0.5)
+        await asyncio.sleep(0.3)  # a clean-up in the background would have run by now
+        for inspector in inspectors[:3]:
+            mine = [key for key in await inspector.keys("*") if name.encode() in key]
+            assert mine == [name.encode()]
+    finally:
+        for inspector in inspectors[:3]:
+            await inspector.delete(name)
+
+
 class TestForeignErrors:
     """A master's command that fails with something other than a server's error (a bug in a
     client library, a wrapper's exception) reaches the caller — and leaves nothing behind."""

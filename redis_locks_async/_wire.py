@@ -167,11 +167,17 @@ class FastPool:
 
     def _bulk(self, parts: Args) -> bytes:
         out = []
+        encoding, errors = self.encoding, self.errors
         for part in parts:
-            if isinstance(part, bytes):
+            # The exact types first (what the scripts' arguments are), then their subclasses.
+            if type(part) is str:
+                data = part.encode(encoding, errors)
+            elif type(part) is int:
+                data = b"%d" % part
+            elif isinstance(part, bytes):
                 data = part
             elif isinstance(part, str):
-                data = part.encode(self.encoding, self.errors)
+                data = part.encode(encoding, errors)
             elif isinstance(part, bool):  # redis-py refuses it too
                 raise TypeError(f"cannot send a bool to Redis: {part!r}")
             else:

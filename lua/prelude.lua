@@ -42,22 +42,41 @@ local function next_fence(meta, now)
     return math.max(last + 1, now)
 end
 
--- What a release leaves behind in `meta`: the token it ended (the fence floor) and its owner,
--- so that the same release re-sent by a retrying client reports "released", not "lost"; and
--- the last grantee (c, see evict_vanished) forgotten: it released. Where several hold at once
+-- What a release leaves behind in `meta`: the token it ended (the fence floor); its owner,
+-- at the front of `last`, the owners of the RECENT_RELEASES latest releases of the lock
+-- (newest first, space-separated), so that the same release re-sent by a retrying client
+-- reports "released", not "lost", also after others took and released the lock meanwhile
+-- (one `last` owner: a single release by another in between made it "lost"); and the last
+-- grantee (c, see evict_vanished) forgotten: it released. Where several hold at once
 -- (`shared`: read/write lock, semaphore) only the grantee's own release forgets it. A `meta`
 -- created here gets its TTL; one that existed has one already (every writer sets it).
+local RECENT_RELEASES = 16
+
 local function record_release(meta, token, owner, shared)
+    local recent = redis.call('HGET', meta, 'last')
+    if recent then
+        -- Owner ids have one length: the first RECENT_RELEASES - 1 of them, whole.
+        local keep_chars = (RECENT_RELEASES - 1) * (#owner + 1) - 1
+        recent = owner .. ' ' .. string.sub(recent, 1, keep_chars)
+    else
+        recent = owner
+    end
     if shared then
         if redis.call('HGET', meta, 'c') == owner then
             redis.call('HSET', meta, 'c', '')
         end
-        if redis.call('HSET', meta, 'fence', token, 'last', owner) == 2 then
+        if redis.call('HSET', meta, 'fence', token, 'last', recent) == 2 then
             keep(meta, AUX_TAIL_MS)
         end
-    elseif redis.call('HSET', meta, 'fence', token, 'last', owner, 'c', '') == 3 then
+    elseif redis.call('HSET', meta, 'fence', token, 'last', recent, 'c', '') == 3 then
         keep(meta, AUX_TAIL_MS)
     end
+end
+
+-- Whether `owner` made one of the RECENT_RELEASES latest releases (record_release).
+local function released_recently(meta, owner)
+    local recent = redis.call('HGET', meta, 'last')
+    return recent ~= false and string.find(' ' .. recent .. ' ', ' ' .. owner .. ' ', 1, true) ~= nil
 end
 
 -- Owners that gave up (a cancelled or timed-out acquisition, a task that ended holding the
@@ -286,14 +305,14 @@ end
 
 -- What a release or abandon by an owner that holds nothing (any more) answers: an abandon
 -- drops its registration and fences its late attempts; a re-sent final release finds its own
--- trace in `meta` ("released"); anything else finds the lease gone (-1).
+-- trace in `meta` ("released"; record_release); anything else finds the lease gone (-1).
 local function release_unheld(meta, queue, done, me, mode, now)
     if mode == 'abandon' then
         unregister(meta, queue, me)
         mark_done(done, me, now)
         return {0, 0}
     end
-    if mode == 'final' and redis.call('HGET', meta, 'last') == me then
+    if mode == 'final' and released_recently(meta, me) then
         return {0, 0}
     end
     return {-1, 0}

@@ -51,7 +51,7 @@ import itertools
 import logging
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import (
@@ -212,6 +212,7 @@ class Policy(ABC):
     # It costs a round trip per waiter of a burst, so only a policy that promises FIFO asks.
     ordered_registration: ClassVar[bool] = False
     reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
+    side: ClassVar[str] = ""  # which side of its lock (a read/write lock's "r" or "w")
 
     __slots__ = ("keys",)
 
@@ -255,6 +256,16 @@ class Policy(ABC):
         also holds (a downgrade) refuses here: handed over alone, a writer and a reader would
         hold it at once in two tasks."""
         return None
+
+    def try_yields(self, waiters: Iterable[Waiter], attempting: bool) -> bool:
+        """Whether a try (``timeout=0``) answers False without asking the server, given this
+        process's tasks waiting for the lock (``waiters``, in arrival order; the core reads
+        :attr:`Waiter.side` and :attr:`Waiter.known`) and whether an attempt on it is in flight
+        here (``attempting``). Only a policy that orders arrivals yields: a local waiter or
+        attempt that came first may not be known to the server yet, and a try sent beside it
+        would overtake it. ``False`` for most: the server alone knows whether a permit, a read
+        share or the lock is free, and a try is a newcomer like any other process's."""
+        return False
 
     def margin(self, lease: float) -> float:
         """Seconds by which the local estimate of a lease's end is kept short of the server's,
@@ -1456,13 +1467,20 @@ class LockBase:
         owner = new_owner_id()
         channel = self._policy.keys.channel
         contended = runtime.contended(channel)
+        if (
+            contended
+            and timeout == 0
+            and self._policy.try_yields(runtime.local_waiters(channel), channel in runtime.trying)
+        ):
+            return False  # an earlier local arrival the server may not know of yet goes first
         if not contended or timeout == 0:
             # Nobody here waits for this lock: one plain attempt first (the fast path), and
             # only one at a time per lock (others queue behind it, in the parking lot). A try
-            # (timeout 0) always makes its one attempt, also beside local waiters and attempts
-            # in flight: the server alone knows whether a permit, a read share, or the lock
-            # itself is free for it (a try answered False from the local queue refused a free
-            # permit to concurrent tries of a Semaphore).
+            # (timeout 0) makes its one attempt also beside local waiters and attempts in
+            # flight, unless the policy orders arrivals (Policy.try_yields): the server alone
+            # knows whether a permit, a read share, or the lock itself is free for it (a try
+            # answered False from the local queue refused a free permit to concurrent tries of
+            # a Semaphore).
             bound = loop.time() + TRY_BOUND if timeout == 0 else deadline
             sent_at = loop.time()
             if not contended:
@@ -1533,13 +1551,16 @@ class LockBase:
         loop = runtime.loop
         channel = self._policy.keys.channel
         self._check_open(runtime)  # (closed while the first attempt was out: name the lock)
+        refusal = runtime.wait_refusal()
+        if refusal is not None:
+            raise LockError(f"cannot wait for {self._name!r}: {refusal}", name=self._name)
         if deadline is None:
             self._check_other_clients(runtime, task)
         hub = runtime.hub(channel)
         lot = hub.lot(channel, self._policy.active_waiters)
         one_watcher = self._policy.one_watcher
         ordered = self._policy.ordered_registration
-        waiter = Waiter(loop, owner, watches=one_watcher)
+        waiter = Waiter(loop, owner, watches=one_watcher, side=self._policy.side)
         lot.join(waiter, first=first)
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False

@@ -19,11 +19,15 @@ their order among themselves, but a ``Lock`` acquirer may take a free lock ahead
 
 from __future__ import annotations
 
-from typing import Final, final
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final, final
 
 from ._core import Attempt, LockBase
 from ._lock import HashLockPolicy
 from ._scripts import Call, Script
+
+if TYPE_CHECKING:
+    from ._parking import Waiter
 
 __all__ = ("FairLock", "FairLockPolicy")
 
@@ -39,6 +43,11 @@ class FairLockPolicy(HashLockPolicy):
     one_watcher = True  # fair_acquire.lua hands a free lock to the first in line
     ordered_registration = True  # granted in the order the server dated the registrations
     __slots__ = ()
+
+    def try_yields(self, waiters: Iterable[Waiter], attempting: bool) -> bool:
+        """First come, first served within the process too: a try yields to a local attempt in
+        flight and to a local waiter whose registration the server has not answered yet."""
+        return attempting or any(not waiter.known for waiter in waiters)
 
     def attempt(self, a: Attempt) -> Call:
         """``fair_acquire.lua`` in mode "wait" or "try"."""

@@ -156,16 +156,18 @@ class Waiter:
         "bound",
         "grant",
         "owner",
+        "side",
         "turn",
         "watch",
         "watches",
     )
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, owner: str, *, watches: bool = False
+        self, loop: asyncio.AbstractEventLoop, owner: str, *, watches: bool = False, side: str = ""
     ) -> None:
         self._loop = loop
         self.owner = owner
+        self.side = side  # which side of its lock it waits for (``Policy.side``; "" for most)
         # One of the waiters of whom only the first watches the holds ahead for all (see
         # ParkingLot.watcher; ``Policy.one_watcher``); the others of the lot watch for themselves.
         self.watches = watches
@@ -196,6 +198,12 @@ class Waiter:
         self.notify(News.GRANTED)
         if not self.turn.done():
             self.turn.set_result(None)
+
+    @property
+    def known(self) -> bool:
+        """Whether the server has answered this waiter's first attempt (so it knows of the
+        waiter, if it registers waiters at all)."""
+        return self.answered is True
 
     def mark_answered(self) -> None:
         """The first attempt was answered, or the waiter leaves: the next may register."""

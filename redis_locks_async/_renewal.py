@@ -404,7 +404,10 @@ class LeaseKeeper:
         return False
 
     def _lose(self, hold: Hold, reason: str) -> None:
-        self._holds.discard(hold)
+        # Through discard(): the watchdog may lose the last hold while the keeper sleeps until
+        # a renewal of a hold released since (it outlived its holds by up to a third of that
+        # lease).
+        self.discard(hold)
         hold.mark_lost(reason)
 
     def _wait_for_pool(self, hold: Hold, exc: object, now: float) -> None:

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import sys
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator, Sequence
 from types import FrameType
 from typing import Any, ClassVar, Final, Protocol, final
 
@@ -39,6 +39,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._errors import LockError
 from ._lease import Hold
 from ._notify import Hub, SubscriptionHub
+from ._parking import Waiter
 from ._renewal import LeaseKeeper
 from ._scripts import Call
 
@@ -354,6 +355,24 @@ class Runtime:
 
     # -- pub/sub -----------------------------------------------------------------------------
 
+    def wait_refusal(self) -> str | None:
+        """Why no task may wait for a lock through this runtime's client (``None``: it may):
+        a pool that allows a single connection — the subscription that announces releases
+        would take it for good, and no command could be sent any more (every waiter and
+        holder of the client stuck)."""
+        if getattr(self.topology, "make_hub", None) is not None:
+            return None  # (a topology with hubs of its own: N masters)
+        pool = getattr(self.topology.client, "connection_pool", None)
+        limit = getattr(pool, "max_connections", None)
+        if isinstance(limit, int) and limit < 2:
+            return (
+                f"the client's connection pool allows {limit} connection, and waiting needs "
+                "one for the pub/sub subscription that announces releases besides those for "
+                "commands: give the pool max_connections >= 2 (a try, blocking=False, needs "
+                "no subscription)"
+            )
+        return None
+
     def hub(self, channel: str) -> Hub:
         """The subscription hub of the node that serves ``channel`` (a topology may build its
         own with ``make_hub(node, spawn)``: N masters listen on every master)."""
@@ -401,6 +420,13 @@ class Runtime:
         # Every hub, not just the channel's node: asking a cluster client which node serves
         # the channel needs its slot map, which the first attempt on the lock loads.
         return any(hub.waiters(channel) > 0 for hub in self._hubs.values())
+
+    def local_waiters(self, channel: str) -> Iterator[Waiter]:
+        """This process's tasks waiting for the lock of ``channel``, each lot in arrival order."""
+        for hub in self._hubs.values():
+            lot = hub.existing_lot(channel)
+            if lot is not None:
+                yield from lot.queue
 
     def hubs(self) -> list[Hub]:
         """Every subscription hub of this runtime."""

@@ -28,7 +28,7 @@ Fencing tokens increase with every acquisition of either side.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from ._core import Attempt, LockBase, Policy
@@ -38,6 +38,7 @@ from ._validation import to_ms
 
 if TYPE_CHECKING:
     from ._lease import Hold, LostCallback
+    from ._parking import Waiter
 
 __all__ = ("ReadWriteLock",)
 
@@ -119,6 +120,13 @@ class _SidePolicy(Policy):
 class _ReadPolicy(_SidePolicy):
     side = "r"
     __slots__ = ()
+
+    def try_yields(self, waiters: Iterable[Waiter], attempting: bool) -> bool:
+        """With writers preferred, a read try yields to a local writer waiting whose
+        registration the server has not answered yet (registered writers the script sees)."""
+        return self._prefer == "1" and any(
+            waiter.side == "w" and not waiter.known for waiter in waiters
+        )
 
     @property
     def peer_key(self) -> Hashable:

@@ -220,9 +220,10 @@ def aux_keys(name: str, layout: str = "lock") -> tuple[str | bytes, ...]:
     return LockKeys.for_name(name, layout).aux_keys
 
 
-def channel_of(name: str) -> str | bytes:
-    """The pub/sub channel the lock ``name`` announces releases on."""
-    return LockKeys.for_name(name).channel
+def channel_of(name: str, layout: str = "lock") -> str | bytes:
+    """The pub/sub channel the lock ``name`` announces releases on (``layout``: see
+    :func:`aux_keys`)."""
+    return LockKeys.for_name(name, layout).channel
 
 
 def _text(value: object) -> str:

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis_locks_async import FairLock, Lease, Lock
 from redis_locks_async._fair import FAIR_ACQUIRE
 from tests import _introspect as introspect
-from tests.test_lock_faults import HoldingTask, until
+from tests.test_lock_faults import HoldingTask, park_unregistered, try_once, until
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -102,6 +102,29 @@ class TestFairLock:
         lease = await asyncio.wait_for(got, 2)
         assert await introspect.owner_in_redis(client, name) == introspect.lease_owner_id(lease)
         await asyncio.wait_for(task, 5)
+
+    async def test_a_try_never_overtakes_an_earlier_local_waiter(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (attack pass, stop 22): a try made beside a waiting task of the same
+        process whose registration had not reached the server yet took the lock freed in
+        between — a newcomer barging in ahead of an earlier arrival. It answers False now."""
+        holder = FairLock(connect(), name)
+        assert await holder.acquire()
+        waiter = await park_unregistered(fault_proxy, client, proxied, FairLock(proxied, name))
+        assert await introspect.registered_count(client, name) == 0
+        await holder.release()  # free, and nobody registered
+        trier = asyncio.create_task(try_once(FairLock(proxied, name)))
+        await asyncio.sleep(0.05)
+        fault_proxy.release_replies()
+        assert await asyncio.wait_for(trier, 5) is False
+        assert await waiter.wait_acquired() is not None
+        await waiter.end()
 
     async def test_a_cancelled_waiter_leaves_the_line(
         self, connect: Connect, client: aioredis.Redis, name: str

@@ -18,14 +18,14 @@ from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from redis_locks_async import Lock
+from redis_locks_async import Lock, LockError
 from redis_locks_async._lane import IDLE, STALL, Lane
 from redis_locks_async._wire import FastPool, fast_pool, run_script
 from tests import _introspect as introspect
 
 from .conftest import Connect
 from .faultproxy import FaultProxy
-from .test_lock_faults import until
+from .test_lock_faults import subscribers, until
 
 ECHO = "return ARGV[1]"
 FAIL = "return redis.error_reply('NOPE ' .. ARGV[1])"
@@ -305,6 +305,37 @@ async def test_a_pool_of_one_connection_is_not_kept_from_the_application(
                 await client.set(f"{name}:data", i)
             assert await client.get(f"{name}:data") == str(i).encode()
         await client.delete(f"{name}:data")
+    finally:
+        await client.aclose()
+        await pool.disconnect()
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_waiting_on_a_pool_of_one_connection_is_refused_clearly(
+    redis_url: str, connect: Connect, name: str, blocking: bool
+) -> None:
+    """Bug (contract probe, stop 22): on a pool of ``max_connections=1`` a task that had to
+    wait made the pub/sub subscription take the pool's only connection, for good: every
+    command of the client then failed or waited for a connection (the waiter, the holder's
+    release and renewals) — stuck for ever. Waiting is refused with a ``LockError`` that says
+    why, before anything is sent or registered; tries and uncontended acquisitions work."""
+    pool_class = aioredis.BlockingConnectionPool if blocking else aioredis.ConnectionPool
+    pool = pool_class.from_url(redis_url, max_connections=1, **({"timeout": 1} if blocking else {}))
+    client = aioredis.Redis(connection_pool=pool)
+    try:
+        holder = Lock(connect(), name)
+        assert await holder.acquire()
+        lock = Lock(client, name)
+        assert not await lock.acquire(blocking=False)
+        with pytest.raises(LockError, match=r"max_connections >= 2") as raised:
+            await lock.acquire(timeout=5)
+        assert raised.value.name == name
+        assert introspect.local_waiters(client) == 0
+        await holder.release()
+        async with lock:  # uncontended: no subscription needed
+            await client.set(f"{name}:data", 1)
+        await client.delete(f"{name}:data")
+        assert await subscribers(client, name) == 0
     finally:
         await client.aclose()
         await pool.disconnect()

@@ -149,10 +149,41 @@ async def registered(inspector: aioredis.Redis, name: str) -> int:
     return len(await introspect.registered_waiters(inspector, name))
 
 
-async def subscribers(inspector: aioredis.Redis, name: str) -> int:
-    channel = introspect.channel_of(name)
+async def subscribers(inspector: aioredis.Redis, name: str, layout: str = "lock") -> int:
+    channel = introspect.channel_of(name, layout)
     reply = await inspector.pubsub_numsub(channel)
     return int(reply[0][1])
+
+
+async def park_unregistered(
+    proxy: FaultProxy,
+    inspector: aioredis.Redis,
+    proxied: aioredis.Redis,
+    lock: Primitive,
+    layout: str = "lock",
+) -> HoldingTask:
+    """A task waiting for ``lock`` (of ``proxied``, a client through ``proxy`` that has not
+    subscribed to the lock's channel yet) that the server does not know of: its first attempt
+    answered "held", its subscription made but not confirmed, so its registering attempt is
+    not sent. Replies stay held; :meth:`FaultProxy.release_replies` lets it go on."""
+    proxy.hold_replies()
+    waiter = HoldingTask(lock)
+    await hold_reply_of(proxy, lambda: _subscribed(inspector, lock.name, layout))
+    assert introspect.local_waiters(proxied) == 1
+    return waiter
+
+
+async def try_once(lock: Primitive) -> bool:
+    """``lock.acquire(blocking=False)``; released at once if it was taken (a task's whole
+    body may not be a bare acquire)."""
+    if not await lock.acquire(blocking=False):
+        return False
+    await lock.release()
+    return True
+
+
+async def _subscribed(inspector: aioredis.Redis, name: str, layout: str) -> bool:
+    return await subscribers(inspector, name, layout) > 0
 
 
 async def blocked_clients(inspector: aioredis.Redis) -> int:

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import MaxConnectionsError
 
 from redis_locks_async import FairLock, Lock, LockError, LockLostError, LockNotOwnedError, Semaphore
+from redis_locks_async import _renewal as renewal
 from redis_locks_async._lock import LOCK_REENTER, LOCK_RENEW
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
@@ -419,6 +420,28 @@ async def test_a_lease_without_renewal_never_wakes_the_keeper(
     short = Lock(client, name, lease=0.3, auto_renew=False, on_lost=lambda _: lost.set())
     assert await short.acquire()
     await asyncio.wait_for(lost.wait(), 2.0)
+    with pytest.raises(LockLostError):
+        await short.release()
+
+
+async def test_a_last_hold_lost_by_the_watchdog_ends_the_keeper(
+    client: aioredis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (attack pass, stop 22): the keeper sleeping until the renewal of a hold
+    released since (lease 3600 s: 20 minutes away) was not woken when the watchdog lost the
+    last hold left, one not renewed: its task outlived every hold by a third of that lease.
+    It lingers no longer than ``_IDLE_LINGER`` now."""
+    monkeypatch.setattr(renewal, "_IDLE_LINGER", 0.2)
+    renewed = Lock(client, name, lease=3600.0)
+    assert await renewed.acquire()
+    short = Lock(client, name + ":short", lease=0.3, auto_renew=False)
+    assert await short.acquire()
+    task = introspect.keeper(client).task
+    assert task is not None
+    await renewed.release()
+    await asyncio.wait((task,), timeout=3.0)
+    assert task.done(), "the keeper outlived its last hold"
+    assert not short.owned()
     with pytest.raises(LockLostError):
         await short.release()
 

@@ -39,6 +39,7 @@ from redis.backoff import ConstantBackoff
 from redis.crc import key_slot
 
 from redis_locks_async import (
+    FairLock,
     HoldState,
     Lease,
     Lock,
@@ -1561,6 +1562,46 @@ class TestFoundByTheHarness:
         assert introspect.renewal_round_trips(client) - trips <= 1, "keeper spinning"
         await finish(task, 5, "the release")
         assert lease.state is HoldState.RELEASED and not lost
+
+
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "read", "write", "Semaphore"])
+    async def test_a_resent_release_after_others_released_is_no_loss(
+        self, fault_proxy: FaultProxy, connect: Connect, name: str, kind: str
+    ) -> None:
+        """Regression (attack pass, stop 22): a final release ran, its reply was lost, and
+        before redis-py sent it again another client took the lock and released it; the
+        re-sent release found that release's owner in ``meta`` (which kept only the last
+        one) and answered "not held": ``LockLostError`` and ``on_lost`` for a release that had
+        worked. The owners of the latest releases are kept now."""
+
+        def make(conn: aioredis.Redis, **options: Any) -> Any:
+            if kind in ("read", "write"):
+                return getattr(ReadWriteLock(conn, name, **options), kind)
+            if kind == "Semaphore":
+                return Semaphore(conn, name, 1, **options)
+            return {"Lock": Lock, "FairLock": FairLock}[kind](conn, name, **options)
+
+        lost: list[Lease] = []
+        client = connect(fault_proxy.url, retry=Retry(ConstantBackoff(1.0), 1))
+        lock = make(client, on_lost=lost.append)
+        other = make(connect())
+        assert await lock.acquire()  # warm-up: scripts loaded, connections open
+        await lock.release()
+        holding = HoldingTask(lock)
+        assert await holding.wait_acquired() is not None
+        fault_proxy.hold_replies()
+        release = asyncio.create_task(holding.end())
+        await fault_proxy.wait_held()  # the release ran; its reply is held
+        assert fault_proxy.lose_held() == 1  # and lost: re-sent in 1 s
+        fault_proxy.heal()
+        for _ in range(3):  # meanwhile others take the lock and release it
+            assert await other.acquire(timeout=5)
+            await other.release()
+        await finish(release, 5, "the release")
+        release.result()  # no LockLostError
+        assert not lost
+        assert await other.acquire(blocking=False)  # free: nothing of it held
+        await other.release()
 
 
 _LOOPS_ONE_AFTER_ANOTHER = """

@@ -13,11 +13,12 @@ import redis.asyncio as aioredis
 from redis_locks_async import LockError, ReadWriteLock
 from tests import _introspect as introspect
 from tests._workers import readline, worker_process
-from tests.test_lock_faults import HoldingTask, until
+from tests.test_lock_faults import HoldingTask, park_unregistered, try_once, until
 from tests.test_regressions import key_label
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
+    from tests.faultproxy import FaultProxy
     from tests.servers import ServerProcess
 
 
@@ -178,6 +179,34 @@ class TestReadWriteLock:
         done.set()
         await asyncio.wait_for(asyncio.gather(*readers, late), 10)
         assert await writer.wait_acquired(10) is not None
+        await writer.end()
+
+    async def test_a_read_try_never_overtakes_an_earlier_local_writer(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        connect: Connect,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (attack pass, stop 22): with writers preferred, a read try made beside
+        a writer of the same process waiting for the readers, whose registration had not
+        reached the server yet, joined the readers ahead of it. It answers False now (and,
+        writers not preferred, it still gets its share)."""
+        reader = ReadWriteLock(connect(), name).read
+        assert await reader.acquire()
+        writer = await park_unregistered(
+            fault_proxy, client, proxied, ReadWriteLock(proxied, name).write, "rw"
+        )
+        trier = asyncio.create_task(try_once(ReadWriteLock(proxied, name).read))
+        unpreferred = ReadWriteLock(proxied, name, prefer_writers=False).read
+        other = asyncio.create_task(try_once(unpreferred))
+        await asyncio.sleep(0.05)
+        fault_proxy.release_replies()
+        assert await asyncio.wait_for(trier, 5) is False
+        assert await asyncio.wait_for(other, 5) is True
+        await reader.release()
+        assert await writer.wait_acquired() is not None
         await writer.end()
 
     async def test_reentrant_sides(self, client: aioredis.Redis, name: str) -> None:

@@ -36,7 +36,7 @@ if mode == 'abandon' and not held[1] and redis.call('EXISTS', lock) == 1
     return {0, 0}
 end
 if held[1] ~= me then
-    redis.call('HGET', meta, 'last')  -- reads meta and done before the first write (type check)
+    redis.call('HGET', meta, 'fence')  -- reads meta and done before the first write (type check)
     redis.call('ZSCORE', done, me)
     return release_unheld(meta, queue, done, me, mode, now_us())
 end

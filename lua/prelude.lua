@@ -42,41 +42,52 @@ local function next_fence(meta, now)
     return math.max(last + 1, now)
 end
 
--- What a release leaves behind in `meta`: the token it ended (the fence floor); its owner,
--- at the front of `last`, the owners of the RECENT_RELEASES latest releases of the lock
--- (newest first, space-separated), so that the same release re-sent by a retrying client
--- reports "released", not "lost", also after others took and released the lock meanwhile
--- (one `last` owner: a single release by another in between made it "lost"); and the last
--- grantee (c, see evict_vanished) forgotten: it released. Where several hold at once
--- (`shared`: read/write lock, semaphore) only the grantee's own release forgets it. A `meta`
--- created here gets its TTL; one that existed has one already (every writer sets it).
+-- What a release leaves behind in `meta`: the token it ended (the fence floor); its owner, in
+-- the ring of the RECENT_RELEASES latest releases of the lock (fields r0..r15, the slot from the
+-- counter n; each the owner id's last 16 hex digits, 64 random bits), so that the same release
+-- re-sent by a retrying client reports "released", not "lost", also after others took and
+-- released the lock meanwhile (one `last` owner: a single release by another in between made
+-- it "lost"); and the last grantee (c, see evict_vanished) forgotten: it released. Where
+-- several hold at once (`shared`: read/write lock, semaphore) only the grantee's own release
+-- forgets it. Short fields in one small hash keep `meta` in Redis's compact encoding (one
+-- field of 16 whole ids was 7 times the memory). A `meta` created here gets its TTL; one that
+-- existed has one already (every writer sets it).
 local RECENT_RELEASES = 16
 
+local function release_mark(owner)
+    return string.sub(owner, -16)
+end
+
 local function record_release(meta, token, owner, shared)
-    local recent = redis.call('HGET', meta, 'last')
-    if recent then
-        -- Owner ids have one length: the first RECENT_RELEASES - 1 of them, whole.
-        local keep_chars = (RECENT_RELEASES - 1) * (#owner + 1) - 1
-        recent = owner .. ' ' .. string.sub(recent, 1, keep_chars)
-    else
-        recent = owner
-    end
+    local n = redis.call('HINCRBY', meta, 'n', 1)
+    local slot = 'r' .. (n % RECENT_RELEASES)
     if shared then
         if redis.call('HGET', meta, 'c') == owner then
             redis.call('HSET', meta, 'c', '')
         end
-        if redis.call('HSET', meta, 'fence', token, 'last', recent) == 2 then
-            keep(meta, AUX_TAIL_MS)
-        end
-    elseif redis.call('HSET', meta, 'fence', token, 'last', recent, 'c', '') == 3 then
+        redis.call('HSET', meta, 'fence', token, slot, release_mark(owner))
+    else
+        redis.call('HSET', meta, 'fence', token, slot, release_mark(owner), 'c', '')
+    end
+    if n == 1 then
         keep(meta, AUX_TAIL_MS)
     end
 end
 
 -- Whether `owner` made one of the RECENT_RELEASES latest releases (record_release).
+local RELEASE_SLOTS = {}
+for i = 0, RECENT_RELEASES - 1 do
+    RELEASE_SLOTS[#RELEASE_SLOTS + 1] = 'r' .. i
+end
+
 local function released_recently(meta, owner)
-    local recent = redis.call('HGET', meta, 'last')
-    return recent ~= false and string.find(' ' .. recent .. ' ', ' ' .. owner .. ' ', 1, true) ~= nil
+    local mark = release_mark(owner)
+    for _, seen in ipairs(redis.call('HMGET', meta, unpack(RELEASE_SLOTS))) do
+        if seen == mark then
+            return true
+        end
+    end
+    return false
 end
 
 -- Owners that gave up (a cancelled or timed-out acquisition, a task that ended holding the

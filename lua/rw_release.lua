@@ -23,7 +23,7 @@ local now_ms = math.floor(now / 1000)
 
 -- Every key it may write is read before the first write (rw_state drops expired holds), so a
 -- key of the wrong type fails the script before anything changed.
-redis.call('HGET', meta, 'last')
+redis.call('HGET', meta, 'fence')
 redis.call('ZSCORE', queue, me)
 redis.call('ZSCORE', done, me)
 local state = rw_state(lock, now_ms)

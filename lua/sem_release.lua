@@ -19,7 +19,7 @@ local me, mode, channel, sharded = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 
-redis.call('HGET', meta, 'last')  -- reads every key before the first write (type check)
+redis.call('HGET', meta, 'fence')  -- reads every key before the first write (type check)
 redis.call('ZSCORE', queue, me)
 redis.call('ZSCORE', done, me)
 local mine = redis.call('ZSCORE', holders, me)

@@ -87,6 +87,10 @@ class Cluster(ClientRef):
         """A plain pub/sub connection to ``node``."""
         return PubSub(self._node_client(str(node)).connection_pool)
 
+    def wait_refusal(self) -> str | None:
+        """Nothing: the subscriptions use node clients of the topology's own."""
+        return None
+
     async def refresh(self, key: str) -> None:
         """Make the cluster client look up where ``key``'s slot lives (one cheap read sent
         through it: a dead node's connection error makes redis-py rebuild its slot map)."""

@@ -1442,12 +1442,7 @@ class LockBase:
     def _attempt_call(
         self, runtime: Runtime, owner: str, wait: bool, task: asyncio.Task[Any]
     ) -> Call:
-        policy = self._policy
-        peer = ""
-        if policy.peer_key is not None:
-            held = runtime.holds.get((policy.peer_key, task))
-            peer = held.owner if held is not None and held.live else ""
-        return policy.attempt(
+        return self._policy.attempt(
             Attempt(
                 owner,
                 self._lease_ms,
@@ -1455,9 +1450,17 @@ class LockBase:
                 self._grace_ms,
                 self._claim_ms,
                 runtime.topology.sharded,
-                peer,
+                self._peer(runtime, task),
             )
         )
+
+    def _peer(self, runtime: Runtime, task: asyncio.Task[Any]) -> str:
+        """The owner id of ``task``'s live hold of the policy's peer key ("": none)."""
+        peer_key = self._policy.peer_key
+        if peer_key is None:
+            return ""
+        held = runtime.holds.get((peer_key, task))
+        return held.owner if held is not None and held.live else ""
 
     async def _acquire(
         self, runtime: Runtime, task: asyncio.Task[Any], timeout: float | None
@@ -1471,6 +1474,7 @@ class LockBase:
             contended
             and timeout == 0
             and self._policy.try_yields(runtime.local_waiters(channel), channel in runtime.trying)
+            and not self._peer(runtime, task)  # (a downgrade goes ahead of every waiter)
         ):
             return False  # an earlier local arrival the server may not know of yet goes first
         if not contended or timeout == 0:
@@ -1620,7 +1624,8 @@ class LockBase:
                 except _Expired:
                     return False
                 except (RedisError, OSError) as exc:
-                    waiter.mark_answered()
+                    # (Not answered: while this waiter backs off, those behind it keep waiting
+                    # for its registration — FIFO — and leave() lets them go if it gives up.)
                     if isinstance(exc, MaxConnectionsError):
                         return False  # no connection freed up within the timeout: a timeout
                     if not runtime.topology.transient(exc) or _left(deadline, loop) == 0:

@@ -77,7 +77,7 @@ from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError, Res
 from ._errors import LockError
 from ._keys import LockKeys
 from ._lock import LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW
-from ._notify import SubscriptionHub
+from ._notify import SubscriptionHub, Subscriptions, subscription_refusal
 from ._parking import ParkingLot
 from ._runtime import ClientRef, Runtime, close_with, existing_runtime, transient_error
 from ._scripts import Call, EncodableArg, Script
@@ -1015,14 +1015,17 @@ class MultiHub:
     delivering into one parking lot per channel; a channel counts as subscribed once any
     master confirmed it (a release is announced by every master that had the key)."""
 
-    __slots__ = ("_closing", "_hubs", "_loop")
+    __slots__ = ("_closing", "_hubs", "_loop", "_subscriptions")
 
     def __init__(
         self,
         masters: Sequence[Any],
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
     ) -> None:
-        self._hubs = [SubscriptionHub(_pubsub_of(master), spawn) for master in masters]
+        self._subscriptions = [Subscriptions(_constant(master)) for master in masters]
+        self._hubs = [
+            SubscriptionHub(subscriptions.pubsub, spawn) for subscriptions in self._subscriptions
+        ]
         self._loop = asyncio.get_running_loop()
         self._closing = False
 
@@ -1107,10 +1110,11 @@ class MultiHub:
         """Close every master's pub/sub connection."""
         self._closing = True
         await asyncio.gather(*(hub.aclose() for hub in self._hubs))
+        await asyncio.gather(*(subscriptions.aclose() for subscriptions in self._subscriptions))
 
 
-def _pubsub_of(master: Any) -> Callable[[], Any]:
-    return lambda: master.pubsub()
+def _constant(master: Any) -> Callable[[], Any]:
+    return lambda: master
 
 
 @final
@@ -1134,6 +1138,14 @@ class Masters(ClientRef):
     def pubsub(self, node: Hashable) -> Any:
         """Not used: :meth:`make_hub` listens on every master."""
         raise LockError("a RedLock listens through its MultiHub")
+
+    def wait_refusal(self) -> str | None:
+        """The first master's that refuses (:func:`subscription_refusal`), naming it."""
+        for index, master in enumerate(self.client.masters):
+            refusal = subscription_refusal(master)
+            if refusal is not None:
+                return f"master {index}: {refusal}"
+        return None
 
     def make_hub(
         self, node: Hashable, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]

@@ -34,6 +34,10 @@ after the parent died — so the child lets go of its copies of the hubs' socket
 
 ``sharded=True`` (Redis Cluster) uses ``SSUBSCRIBE``/``SUNSUBSCRIBE``; a server-sent
 ``sunsubscribe`` for a channel still wanted (its slot moved) subscribes it again.
+
+**Its own connection.** The hub's connection is not one of the client's pool: it lives for as
+long as anyone waits, and taken from a small pool it would starve the client's commands for
+good. :class:`Subscriptions` makes it in a pool of its own, made like the client's.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, final
 
+from redis.asyncio.client import PubSub
+from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import AskError, ResponseError
 
 from ._errors import LockError
@@ -54,7 +60,15 @@ from ._keys import key_slot
 from ._owners import process_tag
 from ._parking import ParkingLot, decode
 
-__all__ = ("PING_AFTER", "PING_TIMEOUT", "Hub", "SubscriptionHub", "presence_channel")
+__all__ = (
+    "PING_AFTER",
+    "PING_TIMEOUT",
+    "Hub",
+    "SubscriptionHub",
+    "Subscriptions",
+    "presence_channel",
+    "subscription_refusal",
+)
 
 logger = logging.getLogger("redis_locks_async")
 
@@ -594,6 +608,65 @@ def _socket_fd(pubsub: Any) -> int | None:
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# Pools that a pool of the subscriptions' own is made like (from their connection class and
+# settings): redis-py's plain kinds. A subclass's or a Sentinel's may add what a copy would lose.
+_PLAIN_POOLS: Final = (ConnectionPool, BlockingConnectionPool)
+
+
+@final
+class Subscriptions:
+    """Where the subscriptions of one server's hub get their pub/sub connection: a pool of
+    their own, made like the client's (same connection class and settings), so that the one
+    long-lived subscription never takes a connection of the client's pool from the client's
+    commands — on a pool of ``max_connections=1``, or one the application keeps busy, it took
+    the last one for good and every command of the client was stuck behind it. A client whose
+    pool is not of redis-py's plain kinds (a Sentinel's, a subclass) subscribes through its
+    own pool (:func:`subscription_refusal` says when that cannot work)."""
+
+    __slots__ = ("_client_of", "_pool")
+
+    def __init__(self, client_of: Callable[[], Any]) -> None:
+        self._client_of = client_of
+        self._pool: ConnectionPool | None = None
+
+    def pubsub(self) -> Any:
+        """A new pub/sub object (its connection is made when it first subscribes)."""
+        client = self._client_of()
+        if self._pool is None:
+            pool = getattr(client, "connection_pool", None)
+            if pool is None or type(pool) not in _PLAIN_POOLS:
+                return client.pubsub()
+            self._pool = ConnectionPool(
+                connection_class=pool.connection_class, **pool.connection_kwargs
+            )
+        return PubSub(self._pool)
+
+    async def aclose(self) -> None:
+        """Close the pool of the subscriptions' own (the hub closed its pub/sub first)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(Exception):  # a connection of a closed event loop
+                await pool.disconnect()
+
+
+def subscription_refusal(client: Any) -> str | None:
+    """Why no task may wait through ``client`` (``None``: it may): its subscriptions go
+    through its own pool (:class:`Subscriptions`), and that pool allows a single connection —
+    the subscription would take it for good, and every command of the client would be stuck
+    behind it."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or type(pool) in _PLAIN_POOLS:
+        return None
+    limit = getattr(pool, "max_connections", None)
+    if isinstance(limit, int) and limit < 2:
+        return (
+            f"the client's connection pool allows {limit} connection, and waiting needs one "
+            "for the pub/sub subscription that announces releases besides those for commands: "
+            "give the pool max_connections >= 2 (a try, blocking=False, needs no subscription)"
+        )
+    return None
 
 
 async def _close_quietly(pubsub: Any) -> None:

@@ -203,10 +203,13 @@ class Waiter:
     def known(self) -> bool:
         """Whether the server has answered this waiter's first attempt (so it knows of the
         waiter, if it registers waiters at all)."""
-        return self.answered is True
+        answered = self.answered
+        return answered is True or (isinstance(answered, asyncio.Future) and answered.done())
 
     def mark_answered(self) -> None:
-        """The first attempt was answered, or the waiter leaves: the next may register."""
+        """The first attempt was answered, or the waiter leaves: the next may register. (Not
+        an attempt that failed: the server may not know of the waiter, and one behind it —
+        or a try — would be first in line.)"""
         self.ahead = None
         if isinstance(self.answered, asyncio.Future):
             if not self.answered.done():

@@ -38,10 +38,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
 from ._lease import Hold
-from ._notify import Hub, SubscriptionHub
+from ._notify import Hub, SubscriptionHub, Subscriptions, subscription_refusal
 from ._parking import Waiter
 from ._renewal import LeaseKeeper
 from ._scripts import Call
+from ._wire import drop_stale_connections
 
 __all__ = (
     "ClientRef",
@@ -77,6 +78,9 @@ class Topology(Protocol):
 
     def pubsub(self, node: Hashable) -> Any:
         """A new pub/sub object for ``node``."""
+
+    def wait_refusal(self) -> str | None:
+        """Why no task may wait for a lock through this topology (``None``: it may)."""
 
     def transient(self, exc: BaseException) -> bool:
         """Whether ``exc`` is worth retrying (the command may not have run)."""
@@ -134,7 +138,11 @@ class ClientRef:
 class Standalone(ClientRef):
     """One server (or a Sentinel-managed master) behind a ``redis.asyncio.Redis`` client."""
 
-    __slots__ = ()
+    __slots__ = ("_subscriptions",)
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._subscriptions = Subscriptions(lambda: self.client)
 
     @property
     def sharded(self) -> bool:
@@ -146,8 +154,13 @@ class Standalone(ClientRef):
         return None
 
     def pubsub(self, node: Hashable) -> Any:
-        """A pub/sub object on the client's pool."""
-        return self.client.pubsub()
+        """A pub/sub object on a pool of its own, made like the client's
+        (:class:`Subscriptions`)."""
+        return self._subscriptions.pubsub()
+
+    def wait_refusal(self) -> str | None:
+        """See :func:`subscription_refusal`."""
+        return subscription_refusal(self.client)
 
     def transient(self, exc: BaseException) -> bool:
         """See :func:`transient_error`."""
@@ -158,8 +171,10 @@ class Standalone(ClientRef):
         return False
 
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
-        """One pipeline (one round trip)."""
-        pipe = self.client.pipeline(transaction=False)
+        """One pipeline (one round trip), never on a connection of an earlier event loop."""
+        client = self.client
+        await drop_stale_connections(client.connection_pool)
+        pipe = client.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         try:
@@ -168,7 +183,8 @@ class Standalone(ClientRef):
             return [exc] * len(calls)
 
     async def aclose(self) -> None:
-        """Nothing of its own to close."""
+        """Close the subscriptions' own pool."""
+        await self._subscriptions.aclose()
 
     def pipeline_for(self, key: str | bytes) -> Any:
         """A pipeline on the user's client."""
@@ -356,22 +372,9 @@ class Runtime:
     # -- pub/sub -----------------------------------------------------------------------------
 
     def wait_refusal(self) -> str | None:
-        """Why no task may wait for a lock through this runtime's client (``None``: it may):
-        a pool that allows a single connection — the subscription that announces releases
-        would take it for good, and no command could be sent any more (every waiter and
-        holder of the client stuck)."""
-        if getattr(self.topology, "make_hub", None) is not None:
-            return None  # (a topology with hubs of its own: N masters)
-        pool = getattr(self.topology.client, "connection_pool", None)
-        limit = getattr(pool, "max_connections", None)
-        if isinstance(limit, int) and limit < 2:
-            return (
-                f"the client's connection pool allows {limit} connection, and waiting needs "
-                "one for the pub/sub subscription that announces releases besides those for "
-                "commands: give the pool max_connections >= 2 (a try, blocking=False, needs "
-                "no subscription)"
-            )
-        return None
+        """Why no task may wait for a lock through this runtime's client (``None``: it may;
+        ``Topology.wait_refusal``)."""
+        return self.topology.wait_refusal()
 
     def hub(self, channel: str) -> Hub:
         """The subscription hub of the node that serves ``channel`` (a topology may build its

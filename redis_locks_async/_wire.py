@@ -75,6 +75,7 @@ __all__ = (
     "FastPool",
     "connection_failed",
     "drop_connection",
+    "drop_stale_connections",
     "fast_pool",
     "run_script",
 )
@@ -279,6 +280,18 @@ async def drop_connection(conn: Any, *, nowait: bool = False) -> None:
         await conn.disconnect(nowait=nowait)
     except (OSError, RuntimeError, *TORN_DOWN):
         pass
+
+
+async def drop_stale_connections(pool: Any) -> None:
+    """Disconnect the idle connections of ``pool`` opened under another event loop (a client
+    used under one ``asyncio.run`` after another): redis-py's own paths — a pipeline — would
+    send on one and fail with "attached to a different loop" or "Event loop is closed", and
+    release it to the pool to fail again. Each opens anew on its next use."""
+    loop = asyncio.get_running_loop()
+    for conn in list(getattr(pool, "_available_connections", ())):
+        opened_on = _loop_of(conn)
+        if opened_on is not None and opened_on is not loop:
+            await drop_connection(conn, nowait=True)
 
 
 def _loop_of(conn: Any) -> asyncio.AbstractEventLoop | None:

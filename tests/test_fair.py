@@ -6,10 +6,11 @@ import asyncio
 import shlex
 from asyncio import FIRST_COMPLETED
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from redis_locks_async import FairLock, Lease, Lock
 from redis_locks_async._fair import FAIR_ACQUIRE
@@ -125,6 +126,57 @@ class TestFairLock:
         assert await asyncio.wait_for(trier, 5) is False
         assert await waiter.wait_acquired() is not None
         await waiter.end()
+
+    @pytest.mark.parametrize("newcomer", ["try", "blocking"])
+    async def test_a_waiter_whose_registration_failed_keeps_its_place(
+        self, redis_url: str, client: aioredis.Redis, name: str, newcomer: str
+    ) -> None:
+        """Regression (attack pass, stop 23): a waiter whose registering attempt failed with a
+        connection error counted as answered; while it backed off, a newcomer of the same
+        process (a try, or a blocking acquire registering behind it) found the lock free and
+        nobody in line, and took it first. The waiter keeps its place now."""
+        failing = asyncio.Event()
+
+        class Flaky(aioredis.Redis):
+            """Fails the first waiter's "wait" attempts for 0.5 s with a connection error."""
+
+            until: float | None = None
+            owner: object = None
+
+            async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+                args = keys_and_args[numkeys:]
+                if len(args) > 2 and args[2] == "wait":
+                    now = asyncio.get_running_loop().time()
+                    if Flaky.until is None:
+                        Flaky.until, Flaky.owner = now + 0.5, args[0]
+                        failing.set()
+                    if now < Flaky.until and args[0] == Flaky.owner:
+                        raise RedisConnectionError("injected: connection reset by peer")
+                return await super().evalsha(sha, numkeys, *keys_and_args)
+
+        flaky = Flaky.from_url(redis_url)
+        try:
+            holder = FairLock(client, name)
+            assert await holder.acquire()
+            first = HoldingTask(FairLock(flaky, name), timeout=10)
+            await asyncio.wait_for(failing.wait(), 5)
+            await holder.release()  # the lock is free, and nobody is registered
+            await asyncio.sleep(0.05)
+            if newcomer == "try":
+                assert not await try_once(FairLock(flaky, name))
+            else:
+                late = HoldingTask(FairLock(flaky, name), timeout=10)
+                await asyncio.sleep(0.1)
+                assert not late.acquired.done()
+            assert await first.wait_acquired() is not None
+            if newcomer != "try":
+                assert not late.acquired.done()
+            await first.end()
+            if newcomer != "try":
+                assert await late.wait_acquired() is not None
+                await late.end()
+        finally:
+            await flaky.aclose()
 
     async def test_a_cancelled_waiter_leaves_the_line(
         self, connect: Connect, client: aioredis.Redis, name: str

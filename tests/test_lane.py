@@ -25,7 +25,7 @@ from tests import _introspect as introspect
 
 from .conftest import Connect
 from .faultproxy import FaultProxy
-from .test_lock_faults import subscribers, until
+from .test_lock_faults import HoldingTask, subscribers, until
 
 ECHO = "return ARGV[1]"
 FAIL = "return redis.error_reply('NOPE ' .. ARGV[1])"
@@ -311,34 +311,76 @@ async def test_a_pool_of_one_connection_is_not_kept_from_the_application(
 
 
 @pytest.mark.parametrize("blocking", [False, True])
-async def test_waiting_on_a_pool_of_one_connection_is_refused_clearly(
+async def test_waiting_never_takes_a_connection_of_the_clients_pool(
     redis_url: str, connect: Connect, name: str, blocking: bool
 ) -> None:
-    """Bug (contract probe, stop 22): on a pool of ``max_connections=1`` a task that had to
-    wait made the pub/sub subscription take the pool's only connection, for good: every
-    command of the client then failed or waited for a connection (the waiter, the holder's
-    release and renewals) — stuck for ever. Waiting is refused with a ``LockError`` that says
-    why, before anything is sent or registered; tries and uncontended acquisitions work."""
+    """Bug (contract probe and attack pass, stops 22 and 23): the subscription that wakes waiters
+    took its connection from the client's pool, for good. On a pool of ``max_connections=1``
+    — or of 2 with one kept by the application (its own pub/sub) — the first task that had
+    to wait took the last connection: every command of the client was stuck after it (the
+    waiter's attempts, a holder's release and renewals, the application's own). The
+    subscriptions now have a pool of their own, made like the client's."""
     pool_class = aioredis.BlockingConnectionPool if blocking else aioredis.ConnectionPool
-    pool = pool_class.from_url(redis_url, max_connections=1, **({"timeout": 1} if blocking else {}))
+    pool = pool_class.from_url(redis_url, max_connections=2, **({"timeout": 1} if blocking else {}))
+    client = aioredis.Redis(connection_pool=pool)
+    own = client.pubsub()  # the application keeps one connection of the two
+    await own.subscribe(f"{name}:app")
+    try:
+        holder = Lock(client, name)
+        waiter = HoldingTask(Lock(client, name), timeout=10)
+        assert await holder.acquire()
+        await until(lambda: introspect.local_waiters(client) == 1, what="the task waits")
+        inspector = connect()
+        await until(lambda: _equal(subscribers(inspector, name), 1), what="the subscription")
+        await client.set(f"{name}:data", 1)  # the application's commands still go through
+        await holder.release()
+        assert await waiter.wait_acquired() is not None
+        await waiter.end()
+        await client.delete(f"{name}:data")
+    finally:
+        await own.aclose()  # type: ignore[no-untyped-call]
+        await client.aclose()
+        await pool.disconnect()
+
+
+class _CustomPool(aioredis.ConnectionPool):
+    """A pool of a kind the library does not copy for its subscriptions."""
+
+
+@pytest.mark.parametrize("kind", [aioredis.ConnectionPool, _CustomPool])
+async def test_waiting_on_a_pool_of_one_connection(
+    redis_url: str, name: str, kind: type[aioredis.ConnectionPool]
+) -> None:
+    """The same on a pool of a single connection: waiting works, the application's commands
+    too; a pool kind the library does not copy (a subclass) is refused with a ``LockError``
+    that says why, before anything is sent."""
+    pool = kind.from_url(redis_url, max_connections=1)
     client = aioredis.Redis(connection_pool=pool)
     try:
-        holder = Lock(connect(), name)
+        holder = Lock(client, name)
         assert await holder.acquire()
-        lock = Lock(client, name)
-        assert not await lock.acquire(blocking=False)
-        with pytest.raises(LockError, match=r"max_connections >= 2") as raised:
-            await lock.acquire(timeout=5)
-        assert raised.value.name == name
-        assert introspect.local_waiters(client) == 0
+        waiter = HoldingTask(Lock(client, name), timeout=10)
+        if kind is _CustomPool:
+            with pytest.raises(LockError, match=r"max_connections >= 2") as raised:
+                await waiter.wait_acquired()
+            assert raised.value.name == name
+            assert introspect.local_waiters(client) == 0
+            await holder.release()
+            return
+        await until(lambda: introspect.local_waiters(client) == 1, what="the task waits")
+        await asyncio.sleep(0.05)
+        assert await client.set(f"{name}:data", 1)
         await holder.release()
-        async with lock:  # uncontended: no subscription needed
-            await client.set(f"{name}:data", 1)
+        assert await waiter.wait_acquired() is not None
+        await waiter.end()
         await client.delete(f"{name}:data")
-        assert await subscribers(client, name) == 0
     finally:
         await client.aclose()
         await pool.disconnect()
+
+
+async def _equal(value: Any, expected: object) -> bool:
+    return bool(await value == expected)
 
 
 async def test_an_error_of_a_connection_kind_is_raised_not_returned(connect: Connect) -> None:

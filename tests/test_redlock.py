@@ -37,6 +37,7 @@ from tests._workers import assert_exclusive, contend, worker_process
 from tests.conftest import ProxyFactory
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess, running_servers
+from tests.test_lock_faults import HoldingTask
 
 REPO = Path(__file__).resolve().parent.parent
 MASTERS = 5
@@ -1191,6 +1192,34 @@ class TestForeignErrors:
 
 
 class TestPoolExhausted:
+    async def test_waiting_on_masters_with_pools_of_one_connection(
+        self, masters: list[ServerProcess], name: str
+    ) -> None:
+        """Regression (attack pass, stop 23): on masters whose pools allow one connection, a
+        waiter's subscriptions took each master's only connection for good: the holder's
+        release failed (``QuorumError``), the waiter timed out, and the clients' own commands
+        failed for ever after. The subscriptions have pools of their own now."""
+        pools = [aioredis.Redis.from_url(proc.url, max_connections=1) for proc in masters[:3]]
+        try:
+            holder = RedLock(pools, name)
+            assert await holder.acquire()
+            waiter = HoldingTask(RedLock(pools, name), timeout=10)
+            await until(
+                lambda: introspect.local_waiters(introspect.redlock_client(holder)) == 1,
+                "the task waits",
+                within=5.0,
+            )
+            await asyncio.sleep(0.1)
+            assert all([await pool.ping() for pool in pools])
+            await holder.release()
+            assert await waiter.wait_acquired() is not None
+            await waiter.end()
+            assert all([await pool.ping() for pool in pools])
+            await settle(holder)
+        finally:
+            for pool in pools:
+                await pool.aclose()
+
     async def test_renewal_waits_for_a_free_connection(
         self, masters: list[ServerProcess], name: str
     ) -> None:

@@ -209,6 +209,36 @@ class TestReadWriteLock:
         assert await writer.wait_acquired() is not None
         await writer.end()
 
+    async def test_a_downgrade_try_is_not_refused_beside_a_local_writer(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        name: str,
+    ) -> None:
+        """Regression (attack pass, stop 23): the writer's downgrade try (``rw.read`` with
+        ``blocking=False`` while holding ``rw.write``) answered False without asking the
+        server while another writer of the process waited unregistered — the rule that keeps
+        read tries behind a preferred writer applied to the holder's own downgrade, which goes
+        ahead of every waiter."""
+        rw = ReadWriteLock(proxied, name)
+        assert await rw.write.acquire()
+        writer = await park_unregistered(
+            fault_proxy, client, proxied, ReadWriteLock(proxied, name).write, "rw"
+        )
+
+        async def let_go() -> None:
+            await asyncio.sleep(0.05)
+            fault_proxy.release_replies()
+
+        letting = asyncio.create_task(let_go())
+        assert await rw.read.acquire(blocking=False)  # the downgrade
+        await letting
+        await rw.read.release()
+        await rw.write.release()
+        assert await writer.wait_acquired() is not None
+        await writer.end()
+
     async def test_reentrant_sides(self, client: aioredis.Redis, name: str) -> None:
         rw = ReadWriteLock(client, name)
         async with rw.write, rw.write:

@@ -59,15 +59,16 @@ local function release_mark(owner)
 end
 
 local function record_release(meta, token, owner, shared)
-    local n = redis.call('HINCRBY', meta, 'n', 1)
+    -- (HGET + HSET, not HINCRBY: the documented ACL grants no more than that)
+    local n = (tonumber(redis.call('HGET', meta, 'n')) or 0) + 1
     local slot = 'r' .. (n % RECENT_RELEASES)
     if shared then
         if redis.call('HGET', meta, 'c') == owner then
             redis.call('HSET', meta, 'c', '')
         end
-        redis.call('HSET', meta, 'fence', token, slot, release_mark(owner))
+        redis.call('HSET', meta, 'fence', token, 'n', n, slot, release_mark(owner))
     else
-        redis.call('HSET', meta, 'fence', token, slot, release_mark(owner), 'c', '')
+        redis.call('HSET', meta, 'fence', token, 'n', n, slot, release_mark(owner), 'c', '')
     end
     if n == 1 then
         keep(meta, AUX_TAIL_MS)

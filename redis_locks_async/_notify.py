@@ -37,7 +37,8 @@ after the parent died — so the child lets go of its copies of the hubs' socket
 
 **Its own connection.** The hub's connection is not one of the client's pool: it lives for as
 long as anyone waits, and taken from a small pool it would starve the client's commands for
-good. :class:`Subscriptions` makes it in a pool of its own, made like the client's.
+good. :class:`Subscriptions` makes it in a pool of its own, made like the client's. Once no
+channel is left (the last one's linger over), the listener closes it (:meth:`_retire`).
 """
 
 from __future__ import annotations
@@ -515,6 +516,17 @@ class SubscriptionHub:
                 except _CONNECTION_TROUBLE as exc:
                     await self._reset(f"PING failed: {exc!r}")
         self._listener = None
+        if not self._closing:
+            self._retire()
+
+    def _retire(self) -> None:
+        """No channel is left (the last one's linger ended): close the connection; the next
+        wait opens one. An idle hub keeps no connection open — nor does a client the
+        application dropped without closing it, or whose pool it disconnected."""
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            self._generation += 1  # a send still under way on it does not reset the next one
+            self._spawn(_close_quietly(pubsub))
 
     def _dispatch(self, message: dict[str, Any]) -> bool:
         """Act on one pub/sub message; ``True`` when it handed a lock to a local waiter."""

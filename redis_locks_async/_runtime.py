@@ -173,7 +173,7 @@ class Standalone(ClientRef):
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """One pipeline (one round trip), never on a connection of an earlier event loop."""
         client = self.client
-        await drop_stale_connections(client.connection_pool)
+        drop_stale_connections(client.connection_pool)
         pipe = client.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)

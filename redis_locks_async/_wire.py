@@ -46,6 +46,7 @@ keeps its order — or raises ``MaxConnectionsError``) and goes back through its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import types
 from collections.abc import Awaitable, Sequence
@@ -77,6 +78,7 @@ __all__ = (
     "drop_connection",
     "drop_stale_connections",
     "fast_pool",
+    "forget_foreign",
     "run_script",
 )
 
@@ -242,11 +244,9 @@ def fast_pool(client: object) -> FastPool | None:
 async def _exchange(
     conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None
 ) -> object:
-    opened_on = _loop_of(conn)
-    if opened_on is not None and opened_on is not asyncio.get_running_loop():
-        # Opened under an earlier event loop (a client used under one asyncio.run after
-        # another): its first read would fail, after the command was sent. A new one instead.
-        await drop_connection(conn, nowait=True)
+    # Opened under an earlier event loop (a client used under one asyncio.run after another):
+    # its first read would fail, after the command was sent. A new one instead.
+    forget_foreign(conn, asyncio.get_running_loop())
     if not conn.is_connected:
         # One connection attempt per attempt of the command: the command's Retry is the one
         # that retries (connect() would nest the connection's own Retry inside it: 11 x 10
@@ -282,16 +282,39 @@ async def drop_connection(conn: Any, *, nowait: bool = False) -> None:
         pass
 
 
-async def drop_stale_connections(pool: Any) -> None:
-    """Disconnect the idle connections of ``pool`` opened under another event loop (a client
-    used under one ``asyncio.run`` after another): redis-py's own paths — a pipeline — would
-    send on one and fail with "attached to a different loop" or "Event loop is closed", and
-    release it to the pool to fail again. Each opens anew on its next use."""
+def drop_stale_connections(pool: Any) -> None:
+    """Forget the idle connections of ``pool`` opened under another event loop (a client used
+    under one ``asyncio.run`` after another; :func:`forget_foreign`): redis-py's own paths — a
+    pipeline — would send on one and fail with "attached to a different loop" or "Event loop
+    is closed", and release it to the pool to fail again. Each opens anew on its next use."""
     loop = asyncio.get_running_loop()
     for conn in list(getattr(pool, "_available_connections", ())):
-        opened_on = _loop_of(conn)
-        if opened_on is not None and opened_on is not loop:
-            await drop_connection(conn, nowait=True)
+        forget_foreign(conn, loop)
+
+
+def forget_foreign(conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """If ``conn``'s socket was opened under another event loop than ``loop``, make redis-py
+    forget it without closing it (the connection opens anew on its next use). Closing it is
+    not this loop's to do: in a child forked from a running application that loop is the
+    parent's, copied, and closing the transport takes the parent's socket out of the epoll
+    both processes share — every command of the parent on it would hang; and a loop closed
+    since cannot close it anyway (asyncio raises "Event loop is closed")."""
+    opened_on = _loop_of(conn)
+    if opened_on is None or opened_on is loop:
+        return
+    parser = getattr(conn, "_parser", None)
+    if parser is not None:
+        with contextlib.suppress(Exception):  # a parser of a torn-down stream
+            parser.on_disconnect()
+    if not opened_on.is_closed():
+        # A stream writer closes its transport when it is collected (Python >= 3.11): kept
+        # for good (a forked child's few copies of the parent's connections).
+        _FOREIGN_WRITERS.append(conn._writer)
+    conn._reader = None
+    conn._writer = None
+
+
+_FOREIGN_WRITERS: Final[list[Any]] = []
 
 
 def _loop_of(conn: Any) -> asyncio.AbstractEventLoop | None:
@@ -432,7 +455,7 @@ async def _lane(fast: FastPool) -> Lane | None:
             if not lane.loop.is_closed():
                 return None  # the client is in use on another running loop: no lane here
             fast.lane = None  # opened under an earlier, closed loop: its connection goes back
-            await drop_connection(lane.conn, nowait=True)
+            forget_foreign(lane.conn, loop)
             await _put_back(fast, lane.conn)
     opening = fast.opening
     if opening is None or opening.get_loop() is not loop:
@@ -464,9 +487,7 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
             return None
         conn = await pool.get_connection()
     try:
-        opened_on = _loop_of(conn)
-        if opened_on is not None and opened_on is not loop:
-            await drop_connection(conn, nowait=True)
+        forget_foreign(conn, loop)
         if not conn.is_connected:
             await conn.connect_check_health(check_health=True, retry_socket_connect=False)
         if not lane_capable(conn):

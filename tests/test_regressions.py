@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -1673,6 +1674,112 @@ async def test_a_client_used_on_one_event_loop_after_another(
     assert proc.returncode == 0, err.decode()[-2000:]
     assert out.decode().strip() == "done"
     assert not logged, logged
+
+
+_FORKED_CHILD_USES_THE_PARENTS_CLIENT = """
+import asyncio, os, sys
+import redis.asyncio as aioredis
+from redis_locks_async import Lock
+
+url, name = sys.argv[1:3]
+
+async def child(client):
+    async with Lock(client, name + ":child", lease=1.0):
+        await asyncio.sleep(1.5)  # renewed (a renewal pipeline) on the parent's pool
+
+async def main():
+    client = aioredis.Redis.from_url(url)
+    await asyncio.gather(*(client.blpop([name + ":nothing"], timeout=0.05) for _ in range(6)))
+    pid = os.fork()
+    if pid == 0:
+        asyncio.run(child(client))
+        os._exit(0)
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        await asyncio.sleep(0.05)
+    replies = await asyncio.wait_for(
+        asyncio.gather(*(client.blpop([name + ":nothing"], timeout=0.05) for _ in range(6))), 5
+    )
+    assert replies == [None] * 6, replies
+    lock = Lock(client, name, lease=1.5)
+    assert await lock.acquire(timeout=3)
+    await asyncio.sleep(1.0)
+    await lock.release()
+    await client.aclose()
+    print("done")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+async def test_a_forked_child_using_the_parents_client_leaves_the_parent_working(
+    redis_url: str, name: str
+) -> None:
+    """Regression (attack pass, stop 23): a child forked from a running application that used
+    the parent's client under its own ``asyncio.run`` closed the parent's pooled connections
+    it found "opened under another loop" (the renewal pipeline's clean-up, and a script call
+    picking one): closing a transport of the parent's loop, copied by the fork, took the
+    parent's socket out of the epoll both processes share, and the parent's commands on those
+    connections hung for good (its next ``acquire(timeout=3)`` timed out on a free lock). The
+    child now forgets such connections without closing them."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _FORKED_CHILD_USES_THE_PARENTS_CLIENT,
+        redis_url,
+        name,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out.decode().strip() == "done"
+
+
+async def test_an_idle_subscription_hub_keeps_no_connection(
+    redis_url: str, connect: Connect, name: str
+) -> None:
+    """Regression (attack pass, stop 23): the subscription's connection, in a pool of its own
+    since this stop, stayed open after every waiter had left — an application that closes its
+    pool with ``pool.disconnect()`` (not ``client.aclose()``), or drops a client per job over
+    a shared pool without closing it, kept one connection per client open for good. The hub
+    closes it once its last channel's linger is over; the next wait opens one."""
+    admin = connect()
+    label = f"idle-{secrets.token_hex(4)}"
+    pool = aioredis.ConnectionPool.from_url(redis_url, client_name=label)
+    client = aioredis.Redis(connection_pool=pool)
+
+    async def mine() -> list[dict[str, Any]]:
+        return [c for c in await admin.client_list() if c.get("name") == label]
+
+    try:
+        holder = Lock(client, name)
+        assert await holder.acquire()
+        waiter = HoldingTask(Lock(client, name), timeout=10)
+        await asyncio.sleep(0.2)
+        assert any(int(c["sub"]) > 0 for c in await mine())  # the subscription
+        await holder.release()
+        assert await waiter.wait_acquired() is not None
+        await waiter.end()
+        await until(lambda: _no_subscriber(mine), what="the idle hub to close", within=6.0)
+        await pool.disconnect()
+        assert await mine() == []
+        # And it opens again for the next wait.
+        assert await holder.acquire()
+        waiter = HoldingTask(Lock(client, name), timeout=10)
+        await asyncio.sleep(0.2)
+        await holder.release()
+        assert await waiter.wait_acquired() is not None
+        await waiter.end()
+    finally:
+        await client.aclose()
+        await pool.disconnect()
+
+
+async def _no_subscriber(mine: Callable[[], Awaitable[list[dict[str, Any]]]]) -> bool:
+    """No connection of ``mine`` is a pub/sub one (subscribed, or left after unsubscribing)."""
+    pubsub = ("subscribe", "unsubscribe", "ping")
+    return all(int(c["sub"]) == 0 and c["cmd"] not in pubsub for c in await mine())
 
 
 class TestFoundByContractProbe:

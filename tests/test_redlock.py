@@ -1199,7 +1199,16 @@ class TestPoolExhausted:
         waiter's subscriptions took each master's only connection for good: the holder's
         release failed (``QuorumError``), the waiter timed out, and the clients' own commands
         failed for ever after. The subscriptions have pools of their own now."""
-        pools = [aioredis.Redis.from_url(proc.url, max_connections=1) for proc in masters[:3]]
+        # Blocking pools: a command of the test waits while a straggling release or clean-up
+        # has the connection (a plain pool of one would refuse it at once).
+        pools = [
+            aioredis.Redis(
+                connection_pool=aioredis.BlockingConnectionPool.from_url(
+                    proc.url, max_connections=1, timeout=5
+                )
+            )
+            for proc in masters[:3]
+        ]
         try:
             holder = RedLock(pools, name)
             assert await holder.acquire()
@@ -1219,6 +1228,7 @@ class TestPoolExhausted:
         finally:
             for pool in pools:
                 await pool.aclose()
+                await pool.connection_pool.disconnect()
 
     async def test_renewal_waits_for_a_free_connection(
         self, masters: list[ServerProcess], name: str

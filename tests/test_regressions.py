@@ -1526,8 +1526,10 @@ class TestFoundByTheHarness:
         came back. Now a releasing hold the server no longer has is not renewed any more."""
         lost: list[Lease] = []
         # The client's retry re-sends a command after a connection error, a while later.
-        client = connect(fault_proxy.url, retry=Retry(ConstantBackoff(1.0), 1))
-        lock = Lock(client, name, lease=1.5, on_lost=lost.append)  # renewed 0.5 s in
+        # (Lease and back-off leave the keeper's renewal well clear of the held phase: on a slow
+        # machine one due 0.5 s in had its reply held and lost as well, and the test failed.)
+        client = connect(fault_proxy.url, retry=Retry(ConstantBackoff(2.0), 1))
+        lock = Lock(client, name, lease=3.0, on_lost=lost.append)  # renewed 1 s in
         other = Lock(connect(), name)
         assert await lock.acquire()  # warm-up: scripts (renewal's too) loaded, connections open
         await lock.extend()
@@ -1550,9 +1552,9 @@ class TestFoundByTheHarness:
         state = lease.state  # (a name of its own: mypy would narrow lease.state for good)
         assert state is HoldState.RELEASING
         trips = introspect.renewal_round_trips(client)
-        assert fault_proxy.lose_held() == 1  # the release's reply: resent in 1 s
+        assert fault_proxy.lose_held() == 1  # the release's reply: resent in 2 s
         fault_proxy.heal()
-        # The keeper's renewal (due 0.5 s after the acquisition) finds the lock gone.
+        # The keeper's renewal (due 1 s after the acquisition) finds the lock gone.
         await until(
             lambda: (
                 introspect.keeper_size(client) == 0

@@ -16,6 +16,8 @@ core owns everything else, once:
    (``create_task(lock.acquire())``) is refused at the call with the fix in the message,
    because the task ends the moment it would hold the lock.
 2. **Acquire.** When no local task waits for the lock, one attempt (the uncontended fast path).
+   A try (``timeout=0``) makes its one attempt also beside local waiters, unless the policy
+   orders arrivals and an earlier one may be unknown to the server (``Policy.try_yields``).
    Otherwise the caller joins the lock's parking lot (``_parking``); an active waiter subscribes
    the lock's channel and waits for the confirmation (``_notify``) *before* its registering
    attempt, so a release cannot slip in between; it then sleeps until a grant names it (it holds

@@ -75,15 +75,15 @@ local function record_release(meta, token, owner, shared)
     end
 end
 
--- Whether `owner` made one of the RECENT_RELEASES latest releases (record_release).
-local RELEASE_SLOTS = {}
-for i = 0, RECENT_RELEASES - 1 do
-    RELEASE_SLOTS[#RELEASE_SLOTS + 1] = 'r' .. i
-end
-
+-- Whether `owner` made one of the RECENT_RELEASES latest releases (record_release). (The slot
+-- names are made here, on this rare path: top-level code runs on every call of a script.)
 local function released_recently(meta, owner)
     local mark = release_mark(owner)
-    for _, seen in ipairs(redis.call('HMGET', meta, unpack(RELEASE_SLOTS))) do
+    local slots = {}
+    for i = 0, RECENT_RELEASES - 1 do
+        slots[#slots + 1] = 'r' .. i
+    end
+    for _, seen in ipairs(redis.call('HMGET', meta, unpack(slots))) do
         if seen == mark then
             return true
         end

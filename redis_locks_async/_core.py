@@ -1557,7 +1557,7 @@ class LockBase:
         loop = runtime.loop
         channel = self._policy.keys.channel
         self._check_open(runtime)  # (closed while the first attempt was out: name the lock)
-        refusal = runtime.wait_refusal()
+        refusal = runtime.topology.wait_refusal()
         if refusal is not None:
             raise LockError(f"cannot wait for {self._name!r}: {refusal}", name=self._name)
         if deadline is None:

@@ -371,11 +371,6 @@ class Runtime:
 
     # -- pub/sub -----------------------------------------------------------------------------
 
-    def wait_refusal(self) -> str | None:
-        """Why no task may wait for a lock through this runtime's client (``None``: it may;
-        ``Topology.wait_refusal``)."""
-        return self.topology.wait_refusal()
-
     def hub(self, channel: str) -> Hub:
         """The subscription hub of the node that serves ``channel`` (a topology may build its
         own with ``make_hub(node, spawn)``: N masters listen on every master)."""

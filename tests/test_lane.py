@@ -25,7 +25,7 @@ from tests import _introspect as introspect
 
 from .conftest import Connect
 from .faultproxy import FaultProxy
-from .test_lock_faults import HoldingTask, subscribers, until
+from .test_lock_faults import HoldingTask, equals, subscribers, until
 
 ECHO = "return ARGV[1]"
 FAIL = "return redis.error_reply('NOPE ' .. ARGV[1])"
@@ -331,7 +331,7 @@ async def test_waiting_never_takes_a_connection_of_the_clients_pool(
         assert await holder.acquire()
         await until(lambda: introspect.local_waiters(client) == 1, what="the task waits")
         inspector = connect()
-        await until(lambda: _equal(subscribers(inspector, name), 1), what="the subscription")
+        await until(lambda: equals(subscribers(inspector, name), 1), what="the subscription")
         await client.set(f"{name}:data", 1)  # the application's commands still go through
         await holder.release()
         assert await waiter.wait_acquired() is not None
@@ -377,10 +377,6 @@ async def test_waiting_on_a_pool_of_one_connection(
     finally:
         await client.aclose()
         await pool.disconnect()
-
-
-async def _equal(value: Any, expected: object) -> bool:
-    return bool(await value == expected)
 
 
 async def test_an_error_of_a_connection_kind_is_raised_not_returned(connect: Connect) -> None:

@@ -301,7 +301,7 @@ class TestCancellation:
         fault_proxy.hold_replies()
         task = asyncio.create_task(acquiring(lock))
         # the lock is taken; its reply is held, so the client can't know
-        await hold_reply_of(fault_proxy, lambda: _equals(client.exists(name), 1))
+        await hold_reply_of(fault_proxy, lambda: equals(client.exists(name), 1))
         await cancel_held_up(task, fault_proxy)
 
         await settle(proxied)
@@ -348,7 +348,7 @@ class TestCancellation:
         if live_waiter:
             other = HoldingTask(Lock(client, name), timeout=5.0)
             await until(
-                lambda: _equals(registered(client, name), 2), what="the live waiter's registration"
+                lambda: equals(registered(client, name), 2), what="the live waiter's registration"
             )
 
         task.cancel()  # it sleeps in the wait, registered in Redis
@@ -383,7 +383,7 @@ class TestCancellation:
         fault_proxy.hold_replies()
         task = asyncio.create_task(acquiring(Lock(proxied, name)))
         # through the 'try', the pub/sub handshake and SUBSCRIBE, up to the 'wait' attempt
-        await hold_reply_of(fault_proxy, lambda: _equals(registered(client, name), 1))
+        await hold_reply_of(fault_proxy, lambda: equals(registered(client, name), 1))
         if handed_over:
             # The release hands the lock to the registration whose reply is still in flight.
             holder_id = _owner_id(held)
@@ -414,7 +414,7 @@ class TestCancellation:
         await acquired.wait()
         fault_proxy.hold_replies()
         go.set()
-        await hold_reply_of(fault_proxy, lambda: _equals(client.exists(name), 0))  # released
+        await hold_reply_of(fault_proxy, lambda: equals(client.exists(name), 0))  # released
         await cancel_held_up(task, fault_proxy)
 
         await settle(proxied)
@@ -447,7 +447,7 @@ class TestCancellation:
         task.cancel()
         await cancelled.wait()
         try:
-            await until(lambda: _equals(client.exists(name), 0), what="the release", within=2.0)
+            await until(lambda: equals(client.exists(name), 0), what="the release", within=2.0)
             await settle(proxied)
             assert not introspect.held_leases(proxied)
         finally:
@@ -481,14 +481,14 @@ class TestCancellation:
         fault_proxy.hold_replies()
         reenter.set()
         await hold_reply_of(
-            fault_proxy, lambda: _equals(introspect.server_hold_count(client, name), 2)
+            fault_proxy, lambda: equals(introspect.server_hold_count(client, name), 2)
         )
         task.cancel()
         fault_proxy.release_replies()
         await cancelled.wait()
 
         await until(
-            lambda: _equals(introspect.server_hold_count(client, name), 1),
+            lambda: equals(introspect.server_hold_count(client, name), 1),
             what="the unseen re-entry to be undone (count back to 1)",
         )
         lease = introspect.lease_of(proxied, name, task)
@@ -525,7 +525,7 @@ class TestCancellation:
         with anyio.CancelScope() as scope:
 
             async def cancel_when_taken() -> None:
-                await hold_reply_of(fault_proxy, lambda: _equals(client.exists(name), 1))
+                await hold_reply_of(fault_proxy, lambda: equals(client.exists(name), 1))
                 scope.cancel()
                 await asyncio.sleep(0.01)  # let anyio's cancellation land first
                 fault_proxy.release_replies()
@@ -557,7 +557,7 @@ class TestCancellation:
         holder_id = _owner_id(held)
         await held.release()  # the handover's announcement is held back
         assert await owner_of(client, name) not in (None, holder_id)
-        await until(lambda: _equals(owner_of(client, name), None), what="the give-up to pass it on")
+        await until(lambda: equals(owner_of(client, name), None), what="the give-up to pass it on")
         fault_proxy.release_replies()
         assert await waiter.wait_acquired() is None
         await _check_outcome(waiter, client, name, proxied)
@@ -585,8 +585,8 @@ class TestCancellation:
         await client.execute_command("CLIENT", "PAUSE", "5000", "WRITE")  # type: ignore[no-untyped-call]
         try:
             release = asyncio.create_task(holding.end())
-            await until(lambda: _equals(blocked_clients(client), 1), what="the release to queue")
-            await until(lambda: _equals(blocked_clients(client), 2), what="the give-up to queue")
+            await until(lambda: equals(blocked_clients(client), 1), what="the release to queue")
+            await until(lambda: equals(blocked_clients(client), 2), what="the give-up to queue")
         finally:
             await client.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
         await finish(release, 2.0, "the holder's release")
@@ -623,7 +623,7 @@ async def _reach_sleep(proxy: FaultProxy, inspector: aioredis.Redis, name: str) 
     """With replies held from the start of an acquire: let everything through up to and
     including the registering attempt's reply; the waiter then sleeps until its deadline
     (nothing else wakes it), when it gives up."""
-    await hold_reply_of(proxy, lambda: _equals(registered(inspector, name), 1))
+    await hold_reply_of(proxy, lambda: equals(registered(inspector, name), 1))
     await step(proxy)
 
 
@@ -649,7 +649,8 @@ def _owner_id(lock: Lock) -> str:
     return introspect.lease_owner_id(lease)
 
 
-async def _equals(value: Awaitable[object], expected: object) -> bool:
+async def equals(value: Awaitable[object], expected: object) -> bool:
+    """Whether ``value`` resolves to ``expected`` (a predicate for :func:`until`)."""
     return await value == expected
 
 
@@ -923,7 +924,7 @@ class TestRenewal:
                 await lock.release()
             # The local estimate ends first (it counts from the renewal's send time); the
             # server's copy follows within a round trip.
-            await until(lambda: _equals(client.exists(name), 0), what="server expiry", within=0.5)
+            await until(lambda: equals(client.exists(name), 0), what="server expiry", within=0.5)
         finally:
             fault_proxy.heal()
             await conn.aclose()

@@ -54,7 +54,7 @@ from tests import _introspect as introspect
 from tests._workers import worker_process
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
-from tests.test_lock_faults import HoldingTask, finish, until
+from tests.test_lock_faults import HoldingTask, equals, finish, until
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -333,7 +333,7 @@ class TestTwoHolders:
 
         fault_proxy.hold_replies()
         fault = asyncio.create_task(
-            lose_reply_of(fault_proxy, lambda: _equal(hold_count(client, name), 1))
+            lose_reply_of(fault_proxy, lambda: equals(hold_count(client, name), 1))
         )
         await lock.release()
         await finish(fault, 5.0, "losing the release's reply")
@@ -360,7 +360,7 @@ class TestTwoHolders:
 
         fault_proxy.hold_replies()
         fault = asyncio.create_task(
-            lose_reply_of(fault_proxy, lambda: _equal(hold_count(client, name), 2))
+            lose_reply_of(fault_proxy, lambda: equals(hold_count(client, name), 2))
         )
         assert await lock.acquire()
         await finish(fault, 5.0, "losing the re-entry's reply")
@@ -497,7 +497,7 @@ class TestTwoHolders:
             fault_proxy.delay(1.0)
             scope = anyio.CancelScope()
             first = actor.submit(lambda: in_scope(scope, lock.acquire))
-            await until(lambda: _equal(hold_count(client, name), 2), what="re-entry A to run")
+            await until(lambda: equals(hold_count(client, name), 2), what="re-entry A to run")
             await fault_proxy.wait_pending_down()
             fault_proxy.delay(0)
             scope.cancel()
@@ -626,7 +626,7 @@ class TestTwoHolders:
         await settled(asyncio.ensure_future(entered.wait()), 5.0, "entering twice")
         fault_proxy.hold_replies()
         go.set()
-        await until(lambda: _equal(hold_count(client, name), 1), what="the inner release")
+        await until(lambda: equals(hold_count(client, name), 1), what="the inner release")
         await fault_proxy.wait_held()
         task.cancel()
         fault_proxy.release_replies()
@@ -1387,13 +1387,13 @@ class TestDeadWaiters:
             line = await asyncio.wait_for(dead.stdout.readline(), 10.0)
             assert line.strip() == b"waiting", line
             await until(
-                lambda: _equal(registered(client, name), 1),
+                lambda: equals(registered(client, name), 1),
                 what="the worker's registration",
                 within=10.0,
             )
             live = HoldingTask(Lock(connect(), name), timeout=15.0)
             await until(
-                lambda: _equal(registered(client, name), 2), what="the live waiter's registration"
+                lambda: equals(registered(client, name), 2), what="the live waiter's registration"
             )
             dead.send_signal(signal.SIGKILL)
             await asyncio.wait_for(dead.wait(), 5.0)
@@ -1446,10 +1446,6 @@ class TestFencingAcrossRestart:
         async with lock as lease:
             after = lease.fencing_token
         assert after > before
-
-
-async def _equal(value: Awaitable[object], expected: object) -> bool:
-    return await value == expected
 
 
 class TestFoundByBenchmarks:
@@ -1548,7 +1544,7 @@ class TestFoundByTheHarness:
         assert lease is not None
         fault_proxy.hold_replies()
         go.set()
-        await until(lambda: _equal(other.locked(), False), what="the release to run")
+        await until(lambda: equals(other.locked(), False), what="the release to run")
         state = lease.state  # (a name of its own: mypy would narrow lease.state for good)
         assert state is HoldState.RELEASING
         trips = introspect.renewal_round_trips(client)
@@ -1661,21 +1657,26 @@ async def test_a_client_used_on_one_event_loop_after_another(
 
     In a process of its own: the client is not closed (redis-py cannot close a pool holding
     connections of closed loops), and what the closed loops leave behind stays there."""
+    err = await _script_says_done(_LOOPS_ONE_AFTER_ANOTHER, (redis_url, name, kind), 120)
+    logged = [line for line in err.splitlines() if line.startswith("redis_locks_async")]
+    assert not logged, logged
+
+
+async def _script_says_done(script: str, args: Sequence[str], within: float) -> str:
+    """Run ``script`` with ``args`` in a Python process of its own; it must exit 0 after
+    printing "done". Returns what it wrote to stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        _LOOPS_ONE_AFTER_ANOTHER,
-        redis_url,
-        name,
-        kind,
+        script,
+        *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    logged = [line for line in err.decode().splitlines() if line.startswith("redis_locks_async")]
+    out, err = await asyncio.wait_for(proc.communicate(), within)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert out.decode().strip() == "done"
-    assert not logged, logged
+    return err.decode()
 
 
 _FORKED_CHILD_USES_THE_PARENTS_CLIENT = """
@@ -1724,18 +1725,7 @@ async def test_a_forked_child_using_the_parents_client_leaves_the_parent_working
     parent's socket out of the epoll both processes share, and the parent's commands on those
     connections hung for good (its next ``acquire(timeout=3)`` timed out on a free lock). The
     child now forgets such connections without closing them."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _FORKED_CHILD_USES_THE_PARENTS_CLIENT,
-        redis_url,
-        name,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert out.decode().strip() == "done"
+    await _script_says_done(_FORKED_CHILD_USES_THE_PARENTS_CLIENT, (redis_url, name), 60)
 
 
 async def test_an_idle_subscription_hub_keeps_no_connection(

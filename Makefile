@@ -19,7 +19,7 @@ STAMP_DEMO := $(VENV)/.stamp-demo
 STAMP_BENCH := $(VENV)/.stamp-bench
 
 .DEFAULT_GOAL := test
-.PHONY: venv test pytest pytest-pythons pytest-minimum bench-smoke lint typecheck demo bench soak clean distclean
+.PHONY: venv test prepare-subsets pytest pytest-pythons pytest-minimum bench-smoke lint typecheck demo bench soak clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -45,16 +45,18 @@ typecheck: venv
 	$(VPY) -m mypy --strict
 
 # pytest once per server binary: `python -m tests.servers --list` prints the bundled Valkey, then
-# the system redis-server if on PATH (or only $$REDIS_SERVER_BIN if set). Every run executes even
-# if an earlier one failed; the target fails if any did.
+# the system redis-server if on PATH (or only $$REDIS_SERVER_BIN if set). Tests marked `once`
+# (the wheel, the demo, the examples: what they check does not depend on the server) run in the
+# first pass only. Every run executes even if an earlier one failed; the target fails if any did.
 pytest: venv
 	@binaries="$$($(VPY) -m tests.servers --list)" || exit 1; \
-	status=0; \
+	status=0; only=""; \
 	for bin in $$binaries; do \
 		echo ""; \
-		echo "=== pytest against $$($$bin --version)"; \
+		echo "=== pytest against $$($$bin --version)$${only:+ (tests marked 'once' ran in the first pass)}"; \
 		echo "=== REDIS_SERVER_BIN=$$bin"; \
-		REDIS_SERVER_BIN="$$bin" $(VPY) -m pytest $(PYTEST_ARGS) || status=1; \
+		REDIS_SERVER_BIN="$$bin" $(VPY) -m pytest --durations=15 $$only $(PYTEST_ARGS) || status=1; \
+		only="-m not once"; \
 	done; \
 	if [ $$status -ne 0 ]; then echo "=== pytest FAILED on at least one server"; fi; \
 	exit $$status
@@ -77,6 +79,7 @@ pytest-pythons:
 			"$$py" -m venv "$$venv" && "$$venv/bin/python" -m pip install --quiet -e '.[test]' \
 				&& touch "$$venv/.stamp" || { status=1; continue; }; \
 		fi; \
+		if [ -n "$(PREPARE_ONLY)" ]; then continue; fi; \
 		bin="$$("$$venv/bin/python" -m tests.servers --list | sed -n 1p)"; \
 		echo ""; echo "=== fast subset on $$("$$venv/bin/python" --version) against $$bin"; \
 		REDIS_SERVER_BIN="$$bin" "$$venv/bin/python" -m pytest -q $(FAST_TESTS) || status=1; \
@@ -113,6 +116,7 @@ pytest-minimum:
 		$(MIN_VENV)/bin/python -m pip install --quiet -e '.[test]' $$pins || exit 1; \
 		echo "$$pins" > "$$stamp"; \
 	fi; \
+	if [ -n "$(PREPARE_ONLY)" ]; then exit 0; fi; \
 	bin="$$($(MIN_VENV)/bin/python -m tests.servers --list | sed -n 1p)"; \
 	echo ""; \
 	echo "=== fast subset with the minimum versions ($$($(MIN_VENV)/bin/python -c 'from importlib.metadata import version as v; print(", ".join(f"{p} {v(p)}" for p in ("redis", "hiredis", "anyio")))')) on $$($(MIN_VENV)/bin/python --version) against $$bin"; \
@@ -122,7 +126,14 @@ pytest-minimum:
 bench-smoke: venv
 	$(VPY) -m benchmarks --quick --out "$$(mktemp -d)"
 
-test: lint typecheck bench-smoke pytest-pythons pytest-minimum pytest
+# The checks and the making of the subsets' virtualenvs (pip, mostly waiting) run side by side;
+# then the test runs, one after the other (they are timing-sensitive on a 2-core machine).
+prepare-subsets:
+	@$(MAKE) --no-print-directory pytest-pythons pytest-minimum PREPARE_ONLY=1
+
+test:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target lint typecheck bench-smoke prepare-subsets
+	@$(MAKE) --no-print-directory pytest-pythons pytest-minimum pytest
 
 demo: $(STAMP_DEMO)
 	$(VPY) -m redis_locks_async demo

@@ -21,6 +21,9 @@ import pytest
 from redis_locks_async.cli._demo import _analyse, _Hold
 from tests.servers import ServerProcess
 
+# What this checks does not depend on the server: `make test` runs it in its first pass only.
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_TIMEOUT = 45.0
 

@@ -31,6 +31,9 @@ import redis.asyncio as aioredis
 from redis_locks_async import Lock
 from tests.servers import LOOPBACK, free_port
 
+# What this checks does not depend on the server: `make test` runs it in its first pass only.
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 REQUESTS = 60  # concurrent increments of one counter

@@ -17,6 +17,9 @@ import pytest
 
 from tests.servers import ServerProcess
 
+# What this checks does not depend on the server: `make test` runs it in its first pass only.
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHECK_SCRIPT = textwrap.dedent(

@@ -103,6 +103,7 @@ CLEANUP_GRACE: Final = 0.1
 RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
+_ARRIVALS: Final = itertools.count(1)  # numbers acquire() calls in this process (Waiter.arrival)
 _EAGER: Final = sys.version_info >= (3, 12)
 # Awaiting redis-py in the caller's task is safe only where a swallowed cancellation can be
 # seen (Task.cancelling(), Python 3.11+); Python 3.10 runs every command in a job task.
@@ -1470,12 +1471,21 @@ class LockBase:
         loop = runtime.loop
         deadline = None if timeout is None else loop.time() + timeout
         owner = new_owner_id()
+        arrival = next(_ARRIVALS)
         channel = self._policy.keys.channel
         contended = runtime.contended(channel)
+        # Where the server grants in the order of registration (FairLock), the tasks of this
+        # process that go through other clients of the same server count as local arrivals.
+        kin = runtime.kin() if self._policy.ordered_registration else ()
+        if kin and not contended:
+            contended = any(other.contended(channel) for other in kin)
         if (
             contended
             and timeout == 0
-            and self._policy.try_yields(runtime.local_waiters(channel), channel in runtime.trying)
+            and self._policy.try_yields(
+                itertools.chain.from_iterable(r.local_waiters(channel) for r in (runtime, *kin)),
+                any(channel in r.trying for r in (runtime, *kin)),
+            )
             and not self._peer(runtime, task)  # (a downgrade goes ahead of every waiter)
         ):
             return False  # an earlier local arrival the server may not know of yet goes first
@@ -1521,7 +1531,9 @@ class LockBase:
                 if not contended:
                     runtime.end_try(channel)
             if reply is None:
-                return await self._wait(runtime, task, new_owner_id(), deadline, first=True)
+                return await self._wait(
+                    runtime, task, new_owner_id(), deadline, arrival, first=True
+                )
             self._check_reply(reply, "acquire")
             if reply.status == 1:
                 self._adopt(runtime, task, owner, reply, sent_at)
@@ -1529,8 +1541,8 @@ class LockBase:
             if timeout == 0:
                 return False
             # It arrived before any task that queued while this attempt was in flight.
-            return await self._wait(runtime, task, owner, deadline, first=True)
-        return await self._wait(runtime, task, owner, deadline)
+            return await self._wait(runtime, task, owner, deadline, arrival, first=True)
+        return await self._wait(runtime, task, owner, deadline, arrival)
 
     def _adopt(
         self, runtime: Runtime, task: asyncio.Task[Any], owner: str, reply: Reply, sent_at: float
@@ -1551,6 +1563,7 @@ class LockBase:
         task: asyncio.Task[Any],
         owner: str,
         deadline: float | None,
+        arrival: int,
         *,
         first: bool = False,
     ) -> bool:
@@ -1566,7 +1579,9 @@ class LockBase:
         lot = hub.lot(channel, self._policy.active_waiters)
         one_watcher = self._policy.one_watcher
         ordered = self._policy.ordered_registration
-        waiter = Waiter(loop, owner, watches=one_watcher, side=self._policy.side)
+        waiter = Waiter(
+            loop, owner, watches=one_watcher, side=self._policy.side, arrival=arrival
+        )
         lot.join(waiter, first=first)
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False
@@ -1579,13 +1594,16 @@ class LockBase:
                 await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
                 if not waiter.turn.done():
                     return False
-            ended = runtime.try_ended(channel)
-            if ended is not None:
-                # Only one command per lock at a time from this process: let the uncontended
-                # attempt in flight finish first (it may take the lock, or queue behind us).
-                await asyncio.wait((ended,), timeout=_left(deadline, loop))
-                if not ended.done():
-                    return False
+            for other in (runtime, *(runtime.kin() if ordered else ())):
+                ended = other.try_ended(channel)
+                if ended is not None:
+                    # Only one command per lock at a time from this process: let the
+                    # uncontended attempt in flight finish first (it may take the lock, or
+                    # queue behind us) — also one through another client of the same server,
+                    # where registrations are ordered (its task may have arrived first).
+                    await asyncio.wait((ended,), timeout=_left(deadline, loop))
+                    if not ended.done():
+                        return False
             failures = 0
             homed: Hub | None = None  # the hub whose subscription the attempts followed
             call = self._attempt_call(runtime, owner, True, task)
@@ -1611,6 +1629,8 @@ class LockBase:
                         return False
                     homed = hub
                     self._check_open(runtime)
+                if ordered and not waiter.known:
+                    self._arrived_before(runtime, waiter)
                 ahead = lot.turn_to_register(waiter) if ordered else None
                 if ahead is not None:
                     # Registrations reach the server (which dates them) in arrival order.
@@ -1710,6 +1730,20 @@ class LockBase:
                 # goes on in the background if the server is slow to answer.
                 cleanup = self._undo(runtime, self._abandon(owner))
                 await asyncio.wait((cleanup,), timeout=CLEANUP_GRACE)
+
+    def _arrived_before(self, runtime: Runtime, waiter: Waiter) -> None:
+        """Where registrations are ordered: make ``waiter`` register after the latest of the
+        waiters that called ``acquire()`` before it through other clients of the same server
+        (``Runtime.kin``) — if that one arrived after the waiter ahead of it in its own lot.
+        Tasks of one process that use two clients are dated by the server in the order they
+        called, not in the order each client got its connections ready."""
+        channel = self._policy.keys.channel
+        for other in runtime.kin():
+            for earlier in other.local_waiters(channel):
+                if earlier.arrival < waiter.arrival and (
+                    waiter.ahead is None or earlier.arrival > waiter.ahead.arrival
+                ):
+                    waiter.ahead = earlier
 
     def _home(self, runtime: Runtime, hub: Hub, lot: ParkingLot) -> Hub:
         """The hub that has ``lot`` now: ``hub``, unless another waiter of the lot moved it

@@ -153,6 +153,7 @@ class Waiter:
         "_signal",
         "ahead",
         "answered",
+        "arrival",
         "bound",
         "grant",
         "owner",
@@ -163,10 +164,19 @@ class Waiter:
     )
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, owner: str, *, watches: bool = False, side: str = ""
+        self,
+        loop: asyncio.AbstractEventLoop,
+        owner: str,
+        *,
+        watches: bool = False,
+        side: str = "",
+        arrival: int = 0,
     ) -> None:
         self._loop = loop
         self.owner = owner
+        # When its task called acquire(), as a number that grows with every call in this
+        # process: orders the waiters of one lock across clients (``LockBase._arrived_before``).
+        self.arrival = arrival
         self.side = side  # which side of its lock it waits for (``Policy.side``; "" for most)
         # One of the waiters of whom only the first watches the holds ahead for all (see
         # ParkingLot.watcher; ``Policy.one_watcher``); the others of the lot watch for themselves.

@@ -262,8 +262,9 @@ class Runtime:
             self._server = _server_of(self.topology)
         return self._server
 
-    def siblings(self) -> list[Runtime]:
-        """The other open runtimes of this event loop whose clients reach the same server."""
+    def kin(self) -> list[Runtime]:
+        """The other open runtimes of this event loop whose clients reach the same server
+        (:attr:`server`; none where it is not known)."""
         server = self.server
         if server is None:
             return []
@@ -273,9 +274,12 @@ class Runtime:
             if other is not self
             and other.loop is self.loop
             and not other.closed
-            and other.holds
             and other.server == server
         ]
+
+    def siblings(self) -> list[Runtime]:
+        """The runtimes of :meth:`kin` that hold something."""
+        return [other for other in self.kin() if other.holds]
 
     # -- background tasks --------------------------------------------------------------------
 

@@ -82,6 +82,40 @@ class TestFairLock:
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert grants == calls == list(range(5))
 
+    @pytest.mark.parametrize("held", [True, False], ids=["held", "free"])
+    async def test_tasks_of_one_process_on_two_clients_are_served_in_call_order(
+        self, connect: Connect, name: str, held: bool
+    ) -> None:
+        """Bug (contract probe): the tasks of one process registered one after the other, in
+        the order they called ``acquire()``, only among the tasks of one client. Tasks calling
+        it 1 ms apart (or back to back) alternately through two clients of the same server were
+        granted in an order like 0, 2, 4, 1, 6, 3: the first waiter of the second client
+        subscribed (a new connection) before registering, and the first client's later tasks
+        registered meanwhile."""
+        clients = [connect(), connect()]
+        holder = FairLock(clients[0], name, lease=10)  # (the first client is warm)
+        if held:
+            assert await holder.acquire()
+        calls: list[int] = []
+        grants: list[int] = []
+
+        async def waiter(i: int) -> None:
+            calls.append(i)
+            async with FairLock(clients[i % 2], name, lease=10):
+                grants.append(i)
+                await asyncio.sleep(0.002)
+
+        tasks = []
+        for i in range(10):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await asyncio.sleep(0.001 if held else 0)
+            assert len(calls) == i + 1
+        if held:
+            await asyncio.sleep(0.3)  # everybody waits now
+            await holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert grants == calls == list(range(10))
+
     async def test_a_newcomer_never_barges_in(
         self, connect: Connect, client: aioredis.Redis, name: str
     ) -> None:
@@ -104,6 +138,7 @@ class TestFairLock:
         assert await introspect.owner_in_redis(client, name) == introspect.lease_owner_id(lease)
         await asyncio.wait_for(task, 5)
 
+    @pytest.mark.parametrize("through", ["same client", "another client"])
     async def test_a_try_never_overtakes_an_earlier_local_waiter(
         self,
         proxied: aioredis.Redis,
@@ -111,16 +146,20 @@ class TestFairLock:
         connect: Connect,
         client: aioredis.Redis,
         name: str,
+        through: str,
     ) -> None:
         """Regression (attack pass, stop 22): a try made beside a waiting task of the same
         process whose registration had not reached the server yet took the lock freed in
-        between — a newcomer barging in ahead of an earlier arrival. It answers False now."""
+        between — a newcomer barging in ahead of an earlier arrival. It answers False now —
+        also (contract probe, stop 24) when it goes through another client of the server."""
+        other = proxied if through == "same client" else connect(fault_proxy.url)
+        await other.ping()  # (connected before the replies are held)
         holder = FairLock(connect(), name)
         assert await holder.acquire()
         waiter = await park_unregistered(fault_proxy, client, proxied, FairLock(proxied, name))
         assert await introspect.registered_count(client, name) == 0
         await holder.release()  # free, and nobody registered
-        trier = asyncio.create_task(try_once(FairLock(proxied, name)))
+        trier = asyncio.create_task(try_once(FairLock(other, name)))
         await asyncio.sleep(0.05)
         fault_proxy.release_replies()
         assert await asyncio.wait_for(trier, 5) is False

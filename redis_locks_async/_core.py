@@ -1739,11 +1739,16 @@ class LockBase:
         called, not in the order each client got its connections ready."""
         channel = self._policy.keys.channel
         for other in runtime.kin():
-            for earlier in other.local_waiters(channel):
-                if earlier.arrival < waiter.arrival and (
-                    waiter.ahead is None or earlier.arrival > waiter.ahead.arrival
-                ):
-                    waiter.ahead = earlier
+            for hub in other.hubs():
+                lot = hub.existing_lot(channel)
+                # A lot is in arrival order (a task whose uncontended attempt came back "held"
+                # goes to the front of a lot that was empty when it called): the latest
+                # earlier arrival is the first one found from the back.
+                for earlier in reversed(lot.queue) if lot is not None else ():
+                    if earlier.arrival < waiter.arrival:
+                        if waiter.ahead is None or earlier.arrival > waiter.ahead.arrival:
+                            waiter.ahead = earlier
+                        break
 
     def _home(self, runtime: Runtime, hub: Hub, lot: ParkingLot) -> Hub:
         """The hub that has ``lot`` now: ``hub``, unless another waiter of the lot moved it

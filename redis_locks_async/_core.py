@@ -104,6 +104,10 @@ RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
 _ARRIVALS: Final = itertools.count(1)  # numbers acquire() calls in this process (Waiter.arrival)
+# Seconds a FairLock waiter waits, at most, for an earlier arrival of another client of the same
+# server to register first (LockBase._kin_ahead): the order is kept across clients when they
+# are healthy; a client stuck on its own pool or connection holds the others back no longer.
+KIN_PATIENCE: Final = 0.25
 _EAGER: Final = sys.version_info >= (3, 12)
 # Awaiting redis-py in the caller's task is safe only where a swallowed cancellation can be
 # seen (Task.cancelling(), Python 3.11+); Python 3.10 runs every command in a job task.
@@ -1474,21 +1478,18 @@ class LockBase:
         arrival = next(_ARRIVALS)
         channel = self._policy.keys.channel
         contended = runtime.contended(channel)
-        # Where the server grants in the order of registration (FairLock), the tasks of this
-        # process that go through other clients of the same server count as local arrivals.
-        kin = runtime.kin() if self._policy.ordered_registration else ()
-        if kin and not contended:
-            contended = any(other.contended(channel) for other in kin)
         if (
             contended
             and timeout == 0
-            and self._policy.try_yields(
-                itertools.chain.from_iterable(r.local_waiters(channel) for r in (runtime, *kin)),
-                any(channel in r.trying for r in (runtime, *kin)),
-            )
+            and self._policy.try_yields(runtime.local_waiters(channel), channel in runtime.trying)
             and not self._peer(runtime, task)  # (a downgrade goes ahead of every waiter)
         ):
             return False  # an earlier local arrival the server may not know of yet goes first
+        if not contended and timeout != 0 and self._policy.ordered_registration:
+            # Where the server grants in the order of registration (FairLock), a task that
+            # arrives while tasks of other clients of the same server wait (or attempt) waits
+            # in line behind them (_kin_ahead), rather than attempting on its own first.
+            contended = any(other.contended(channel) for other in runtime.kin())
         if not contended or timeout == 0:
             # Nobody here waits for this lock: one plain attempt first (the fast path), and
             # only one at a time per lock (others queue behind it, in the parking lot). A try
@@ -1583,6 +1584,8 @@ class LockBase:
             loop, owner, watches=one_watcher, side=self._policy.side, arrival=arrival
         )
         lot.join(waiter, first=first)
+        # (ordered: the latest arrival already waiting through another client, see _kin_ahead)
+        kin_before = self._kin_latest(runtime, waiter, -1) if ordered else None
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False
         # (loop time sent, server time µs) of the last attempt that registered this owner: any
@@ -1594,16 +1597,14 @@ class LockBase:
                 await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
                 if not waiter.turn.done():
                     return False
-            for other in (runtime, *(runtime.kin() if ordered else ())):
-                ended = other.try_ended(channel)
-                if ended is not None:
-                    # Only one command per lock at a time from this process: let the
-                    # uncontended attempt in flight finish first (it may take the lock, or
-                    # queue behind us) — also one through another client of the same server,
-                    # where registrations are ordered (its task may have arrived first).
-                    await asyncio.wait((ended,), timeout=_left(deadline, loop))
-                    if not ended.done():
-                        return False
+            ended = runtime.try_ended(channel)
+            if ended is not None:
+                # Only one command per lock at a time from this process: let the uncontended
+                # attempt in flight finish first (it may take the lock, or queue behind us).
+                await asyncio.wait((ended,), timeout=_left(deadline, loop))
+                if not ended.done():
+                    return False
+            kin_waited = not ordered  # (_kin_ahead: once, before the first attempt)
             failures = 0
             homed: Hub | None = None  # the hub whose subscription the attempts followed
             call = self._attempt_call(runtime, owner, True, task)
@@ -1629,8 +1630,6 @@ class LockBase:
                         return False
                     homed = hub
                     self._check_open(runtime)
-                if ordered and not waiter.known:
-                    self._arrived_before(runtime, waiter)
                 ahead = lot.turn_to_register(waiter) if ordered else None
                 if ahead is not None:
                     # Registrations reach the server (which dates them) in arrival order.
@@ -1638,6 +1637,15 @@ class LockBase:
                     if not ahead.done():
                         return False
                     continue  # (look again: the lot, the turn)
+                if not kin_waited:
+                    kin_waited = True
+                    kin_ahead = await self._kin_ahead(runtime, waiter, kin_before, deadline)
+                    if kin_ahead is not None:
+                        patience = _earlier(loop.time() + KIN_PATIENCE, deadline)
+                        await asyncio.wait((kin_ahead,), timeout=_left(patience, loop))
+                        if deadline is not None and loop.time() >= deadline:
+                            return False
+                    continue
                 waiter.forget_news()
                 sent_at = loop.time()
                 registered = True
@@ -1731,24 +1739,49 @@ class LockBase:
                 cleanup = self._undo(runtime, self._abandon(owner))
                 await asyncio.wait((cleanup,), timeout=CLEANUP_GRACE)
 
-    def _arrived_before(self, runtime: Runtime, waiter: Waiter) -> None:
-        """Where registrations are ordered: make ``waiter`` register after the latest of the
-        waiters that called ``acquire()`` before it through other clients of the same server
-        (``Runtime.kin``) — if that one arrived after the waiter ahead of it in its own lot.
-        Tasks of one process that use two clients are dated by the server in the order they
-        called, not in the order each client got its connections ready."""
+    async def _kin_ahead(
+        self, runtime: Runtime, waiter: Waiter, before: Waiter | None, deadline: float | None
+    ) -> asyncio.Future[None] | None:
+        """Where registrations are ordered (FairLock), before ``waiter``'s first attempt: what
+        it awaits so that the tasks of this process that called ``acquire()`` before it through
+        *other* clients of the same server (``Runtime.kin``) register first — the answer to
+        the latest such waiter's first attempt (``None``: nothing to wait for). ``before`` is
+        the latest of them when ``waiter`` queued (the last in each of their lots then);
+        uncontended attempts in flight there are let end first — a task whose attempt came
+        back "held" queues at the front of its lot, ahead of any that came later.
+
+        The caller waits for it at most :data:`KIN_PATIENCE`, as this waits for those
+        attempts: the order is kept between healthy clients, and one stuck on its own pool or
+        connection does not hold the others back."""
+        loop = runtime.loop
         channel = self._policy.keys.channel
+        patience = _earlier(loop.time() + KIN_PATIENCE, deadline)
+        for other in runtime.kin():
+            ended = other.try_ended(channel)
+            if ended is not None:
+                await asyncio.wait((ended,), timeout=_left(patience, loop))
+        front = self._kin_latest(runtime, waiter, 0)
+        if before is None or (front is not None and front.arrival > before.arrival):
+            before = front
+        return ParkingLot.answer_of(before)
+
+    def _kin_latest(self, runtime: Runtime, waiter: Waiter, end: int) -> Waiter | None:
+        """Of the waiters at the ``end`` (0: front, -1: back) of the lots of ``waiter``'s lock
+        in the runtimes of ``Runtime.kin``, the latest that arrived before it. (A lot is in
+        arrival order, so these are found without walking the lots.)"""
+        channel = self._policy.keys.channel
+        latest: Waiter | None = None
         for other in runtime.kin():
             for hub in other.hubs():
                 lot = hub.existing_lot(channel)
-                # A lot is in arrival order (a task whose uncontended attempt came back "held"
-                # goes to the front of a lot that was empty when it called): the latest
-                # earlier arrival is the first one found from the back.
-                for earlier in reversed(lot.queue) if lot is not None else ():
-                    if earlier.arrival < waiter.arrival:
-                        if waiter.ahead is None or earlier.arrival > waiter.ahead.arrival:
-                            waiter.ahead = earlier
-                        break
+                if lot is None or not lot.queue:
+                    continue
+                candidate = lot.queue[end]
+                if candidate.arrival < waiter.arrival and (
+                    latest is None or candidate.arrival > latest.arrival
+                ):
+                    latest = candidate
+        return latest
 
     def _home(self, runtime: Runtime, hub: Hub, lot: ParkingLot) -> Hub:
         """The hub that has ``lot`` now: ``hub``, unless another waiter of the lot moved it

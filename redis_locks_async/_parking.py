@@ -175,7 +175,7 @@ class Waiter:
         self._loop = loop
         self.owner = owner
         # When its task called acquire(), as a number that grows with every call in this
-        # process: orders the waiters of one lock across clients (``LockBase._arrived_before``).
+        # process: orders the waiters of one lock across clients (``LockBase._kin_ahead``).
         self.arrival = arrival
         self.side = side  # which side of its lock it waits for (``Policy.side``; "" for most)
         # One of the waiters of whom only the first watches the holds ahead for all (see
@@ -298,7 +298,12 @@ class ParkingLot:
     def turn_to_register(waiter: Waiter) -> asyncio.Future[None] | None:
         """What ``waiter`` awaits before its first attempt: the answer to the first attempt of
         the waiter that joined ahead of it (``None``: nothing to wait for)."""
-        ahead = waiter.ahead
+        return ParkingLot.answer_of(waiter.ahead)
+
+    @staticmethod
+    def answer_of(ahead: Waiter | None) -> asyncio.Future[None] | None:
+        """A future that resolves once ``ahead``'s first attempt is answered (or it leaves);
+        ``None`` if that is so already."""
         if ahead is None or ahead.answered is True:
             return None
         if ahead.answered is False:

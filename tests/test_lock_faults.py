@@ -173,10 +173,10 @@ async def park_unregistered(
     return waiter
 
 
-async def try_once(lock: Primitive) -> bool:
-    """``lock.acquire(blocking=False)``; released at once if it was taken (a task's whole
-    body may not be a bare acquire)."""
-    if not await lock.acquire(blocking=False):
+async def try_once(lock: Primitive, *, patience: float | None = 0) -> bool:
+    """``lock.acquire(timeout=patience)`` (default: a try); released at once if it was taken
+    (a task's whole body may not be a bare acquire)."""
+    if not await lock.acquire(timeout=patience):
         return False
     await lock.release()
     return True

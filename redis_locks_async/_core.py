@@ -1639,13 +1639,14 @@ class LockBase:
                     continue  # (look again: the lot, the turn)
                 if not kin_waited:
                     kin_waited = True
-                    kin_ahead = await self._kin_ahead(runtime, waiter, kin_before, deadline)
-                    if kin_ahead is not None:
-                        patience = _earlier(loop.time() + KIN_PATIENCE, deadline)
-                        await asyncio.wait((kin_ahead,), timeout=_left(patience, loop))
-                        if deadline is not None and loop.time() >= deadline:
-                            return False
-                    continue
+                    if runtime.kin():
+                        kin_ahead = await self._kin_ahead(runtime, waiter, kin_before, deadline)
+                        if kin_ahead is not None:
+                            patience = _earlier(loop.time() + KIN_PATIENCE, deadline)
+                            await asyncio.wait((kin_ahead,), timeout=_left(patience, loop))
+                            if deadline is not None and loop.time() >= deadline:
+                                return False
+                        continue
                 waiter.forget_news()
                 sent_at = loop.time()
                 registered = True

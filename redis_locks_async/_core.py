@@ -215,8 +215,10 @@ class Policy(ABC):
     one_watcher: ClassVar[bool] = False
     # True when the server's order of registrations is the order of grants (FairLock): the
     # waiters of a process then register one after the other, in the order they arrived
-    # (ParkingLot.turn_to_register) — sent at once, they would reach the server in any order.
-    # It costs a round trip per waiter of a burst, so only a policy that promises FIFO asks.
+    # (ParkingLot.turn_to_register) — sent at once, they would reach the server in any order;
+    # also after those of other clients of the same server, for KIN_PATIENCE at most
+    # (LockBase._kin_ahead). It costs a round trip per waiter of a burst, so only a policy
+    # that promises FIFO asks.
     ordered_registration: ClassVar[bool] = False
     reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
     side: ClassVar[str] = ""  # which side of its lock (a read/write lock's "r" or "w")

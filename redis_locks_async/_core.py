@@ -104,9 +104,10 @@ RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
 _ARRIVALS: Final = itertools.count(1)  # numbers acquire() calls in this process (Waiter.arrival)
-# Seconds a FairLock waiter waits, at most, for an earlier arrival of another client of the same
-# server to register first (LockBase._kin_ahead): the order is kept across clients when they
-# are healthy; a client stuck on its own pool or connection holds the others back no longer.
+# Seconds after it queued (or attempted) that an earlier arrival of another client of the same
+# server is waited for, at most, to register first (LockBase._kin_ahead): the order is kept
+# across clients when they are healthy; one stuck on its own pool or connection holds the
+# others back no longer.
 KIN_PATIENCE: Final = 0.25
 _EAGER: Final = sys.version_info >= (3, 12)
 # Awaiting redis-py in the caller's task is safe only where a swallowed cancellation can be
@@ -1504,6 +1505,7 @@ class LockBase:
             sent_at = loop.time()
             if not contended:
                 runtime.trying[channel] = None
+                runtime.tried_at[channel] = sent_at
             try:
                 call = self._attempt_call(runtime, owner, False, task)
                 undo = self._abandon(owner)
@@ -1644,8 +1646,9 @@ class LockBase:
                     if runtime.kin():
                         kin_ahead = await self._kin_ahead(runtime, waiter, kin_before, deadline)
                         if kin_ahead is not None:
-                            patience = _earlier(loop.time() + KIN_PATIENCE, deadline)
-                            await asyncio.wait((kin_ahead,), timeout=_left(patience, loop))
+                            answered, until = kin_ahead
+                            patience = _earlier(until, deadline)
+                            await asyncio.wait((answered,), timeout=_left(patience, loop))
                             if deadline is not None and loop.time() >= deadline:
                                 return False
                         continue
@@ -1744,29 +1747,39 @@ class LockBase:
 
     async def _kin_ahead(
         self, runtime: Runtime, waiter: Waiter, before: Waiter | None, deadline: float | None
-    ) -> asyncio.Future[None] | None:
+    ) -> tuple[asyncio.Future[None], float] | None:
         """Where registrations are ordered (FairLock), before ``waiter``'s first attempt: what
         it awaits so that the tasks of this process that called ``acquire()`` before it through
         *other* clients of the same server (``Runtime.kin``) register first — the answer to
-        the latest such waiter's first attempt (``None``: nothing to wait for). ``before`` is
-        the latest of them when ``waiter`` queued (the last in each of their lots then);
-        uncontended attempts in flight there are let end first — a task whose attempt came
-        back "held" queues at the front of its lot, ahead of any that came later.
+        the latest such waiter's first attempt, and the loop time to wait for it until (``None``:
+        nothing to wait for). ``before`` is the latest of them when ``waiter`` queued (the
+        last in each of their lots then); uncontended attempts in flight there are let end
+        first — a task whose attempt came back "held" queues at the front of its lot, ahead of
+        any that came later. (A waiter that left unanswered is answered once the one ahead of
+        it is: ``Waiter.pass_on``.)
 
-        The caller waits for it at most :data:`KIN_PATIENCE`, as this waits for those
-        attempts: the order is kept between healthy clients, and one stuck on its own pool or
-        connection does not hold the others back."""
+        Nothing is waited for longer than :data:`KIN_PATIENCE` after it began (the attempt
+        was sent, the waiter queued), nor for more than half of the time the caller has left:
+        the order is kept between healthy clients, and one stuck on its own pool or connection
+        does not hold the others back — not at all once it has been stuck that long."""
         loop = runtime.loop
         channel = self._policy.keys.channel
-        patience = _earlier(loop.time() + KIN_PATIENCE, deadline)
+        # (and never more than half of the time the caller has left)
+        cap = None if deadline is None else loop.time() + max(0.0, deadline - loop.time()) / 2
         for other in runtime.kin():
             ended = other.try_ended(channel)
-            if ended is not None:
-                await asyncio.wait((ended,), timeout=_left(patience, loop))
+            sent_at = other.tried_at.get(channel)
+            if ended is not None and sent_at is not None:
+                until = _earlier(sent_at + KIN_PATIENCE, cap)
+                await asyncio.wait((ended,), timeout=_left(until, loop))
         front = self._kin_latest(runtime, waiter, 0)
         if before is None or (front is not None and front.arrival > before.arrival):
             before = front
-        return ParkingLot.answer_of(before)
+        answered = ParkingLot.answer_of(before)
+        if answered is None or before is None:
+            return None
+        until = _earlier(before.since + KIN_PATIENCE, cap)
+        return None if until is None or until <= loop.time() else (answered, until)
 
     def _kin_latest(self, runtime: Runtime, waiter: Waiter, end: int) -> Waiter | None:
         """Of the waiters at the ``end`` (0: front, -1: back) of the lots of ``waiter``'s lock
@@ -1822,7 +1835,7 @@ class LockBase:
             found = home.lot(channel, self._policy.active_waiters, shared=lot)
         elif found is not lot:
             lot.pass_watch(waiter, waiter.watch)
-            lot.leave(waiter)
+            lot.leave(waiter, moving=True)
             waiter.turn = runtime.loop.create_future()
             home.lot(channel, self._policy.active_waiters)  # (cancels a linger)
             found.join(waiter)

@@ -158,6 +158,7 @@ class Waiter:
         "grant",
         "owner",
         "side",
+        "since",
         "turn",
         "watch",
         "watches",
@@ -177,6 +178,7 @@ class Waiter:
         # When its task called acquire(), as a number that grows with every call in this
         # process: orders the waiters of one lock across clients (``LockBase._kin_ahead``).
         self.arrival = arrival
+        self.since = loop.time()  # when it queued
         self.side = side  # which side of its lock it waits for (``Policy.side``; "" for most)
         # One of the waiters of whom only the first watches the holds ahead for all (see
         # ParkingLot.watcher; ``Policy.one_watcher``); the others of the lot watch for themselves.
@@ -215,6 +217,17 @@ class Waiter:
         waiter, if it registers waiters at all)."""
         answered = self.answered
         return answered is True or (isinstance(answered, asyncio.Future) and answered.done())
+
+    def pass_on(self) -> None:
+        """The waiter leaves before its first attempt was answered: the one behind it may
+        register once the waiter ahead of this one has had its answer (or left in turn) —
+        not at once, or it could be dated before that one."""
+        ahead, self.ahead = self.ahead, None
+        pending = ParkingLot.answer_of(ahead)
+        if pending is None:
+            self.mark_answered()
+        else:
+            pending.add_done_callback(lambda _: self.mark_answered())
 
     def mark_answered(self) -> None:
         """The first attempt was answered, or the waiter leaves: the next may register. (Not
@@ -311,10 +324,14 @@ class ParkingLot:
         assert isinstance(ahead.answered, asyncio.Future)
         return None if ahead.answered.done() else ahead.answered
 
-    def leave(self, waiter: Waiter) -> None:
+    def leave(self, waiter: Waiter, *, moving: bool = False) -> None:
         """Take ``waiter`` off the queue (synchronous: safe in ``finally``); the next in line
-        becomes active."""
-        waiter.mark_answered()
+        becomes active. (``moving``: it joins another lot, and waits there; the one behind it
+        here may register at once.)"""
+        if moving:
+            waiter.mark_answered()
+        else:
+            waiter.pass_on()
         if self.by_owner.get(waiter.owner) is waiter:
             del self.by_owner[waiter.owner]
         try:

@@ -223,6 +223,7 @@ class Runtime:
         "keeper",
         "loop",
         "topology",
+        "tried_at",
         "trying",
     )
 
@@ -249,6 +250,7 @@ class Runtime:
         # Channels with an uncontended attempt in flight -> a future for those who wait for it
         # to end (created only when someone does).
         self.trying: dict[str, asyncio.Future[None] | None] = {}
+        self.tried_at: dict[str, float] = {}  # ... and the loop time each was sent at
         self.keeper = LeaseKeeper(topology, self.spawn)
         self._hubs: dict[Hashable, Hub] = {}
         self._server: Hashable = _UNKNOWN_SERVER
@@ -402,6 +404,7 @@ class Runtime:
     def end_try(self, channel: str) -> None:
         """The uncontended attempt on ``channel`` is over: let the waiters behind it go."""
         ended = self.trying.pop(channel, None)
+        self.tried_at.pop(channel, None)
         if ended is not None and not ended.done():
             ended.set_result(None)
 

@@ -125,6 +125,7 @@ class TestFairLock:
         waited for it — a try on the free lock answered False, ``acquire(timeout=2)`` timed
         out, ``acquire()`` never returned. The order across clients is kept for at most
         ``KIN_PATIENCE`` now; tries never look at other clients."""
+        loop = asyncio.get_running_loop()
         stuck = aioredis.Redis.from_pool(
             aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=None)
         )
@@ -133,12 +134,11 @@ class TestFairLock:
         blpop: asyncio.Future[Any] = asyncio.ensure_future(stuck.blpop([f"{name}:list"], 0))
         attempt = asyncio.create_task(try_once(FairLock(stuck, name), patience=None))
         try:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.1)
             assert not attempt.done()
             lock = FairLock(healthy, name)
             assert await try_once(lock)
-            loop = asyncio.get_running_loop()
-            for timeout in (2.0, None):
+            for timeout in (0.1, 2.0, None):  # (0.1: also within KIN_PATIENCE of the attempt)
                 started = loop.time()
                 assert await asyncio.wait_for(lock.acquire(timeout=timeout), 5)
                 assert loop.time() - started < 1.0
@@ -148,6 +148,33 @@ class TestFairLock:
             assert await asyncio.wait_for(blpop, 5)
             assert await asyncio.wait_for(attempt, 5)
             await stuck.aclose()
+
+    async def test_a_waiter_leaving_unanswered_keeps_the_order_behind_it(
+        self, connect: Connect, name: str
+    ) -> None:
+        """Regression (second attack pass on the cross-client order, stop 24): a waiter that
+        left before its registration was answered let the waiter behind it register at once —
+        here a task of another client that arrived after 30 waiters of the first client and
+        waited for the last of them, which was cancelled: it was granted 4th. It registers once
+        the waiter ahead of the one that left has had its answer (``Waiter.pass_on``)."""
+        first, second = connect(), connect()
+        holder = FairLock(connect(), name, lease=10)
+        assert await holder.acquire()
+        grants: list[str] = []
+
+        async def waiter(client: aioredis.Redis, label: str) -> None:
+            async with FairLock(client, name, lease=10):
+                grants.append(label)
+
+        early = [asyncio.create_task(waiter(first, f"b{i}")) for i in range(30)]
+        await asyncio.sleep(0.003)
+        late = asyncio.create_task(waiter(second, "a"))
+        await asyncio.sleep(0)  # it queues behind the 30: the last of them is its mark
+        early[-1].cancel()
+        await asyncio.sleep(0.5)
+        await holder.release()
+        await asyncio.wait_for(asyncio.gather(*early, late, return_exceptions=True), 10)
+        assert grants == [f"b{i}" for i in range(29)] + ["a"]
 
     async def test_a_newcomer_never_barges_in(
         self, connect: Connect, client: aioredis.Redis, name: str

@@ -50,13 +50,14 @@ typecheck: venv
 # first pass only. Every run executes even if an earlier one failed; the target fails if any did.
 pytest: venv
 	@binaries="$$($(VPY) -m tests.servers --list)" || exit 1; \
-	status=0; only=""; \
+	status=0; marker=""; \
 	for bin in $$binaries; do \
 		echo ""; \
-		echo "=== pytest against $$($$bin --version)$${only:+ (tests marked 'once' ran in the first pass)}"; \
+		echo "=== pytest against $$($$bin --version)$${marker:+ (tests marked 'once' ran in the first pass)}"; \
 		echo "=== REDIS_SERVER_BIN=$$bin"; \
-		REDIS_SERVER_BIN="$$bin" $(VPY) -m pytest --durations=15 $$only $(PYTEST_ARGS) || status=1; \
-		only="-m not once"; \
+		REDIS_SERVER_BIN="$$bin" $(VPY) -m pytest --durations=15 $${marker:+-m "$$marker"} $(PYTEST_ARGS) \
+			|| status=1; \
+		marker="not once"; \
 	done; \
 	if [ $$status -ne 0 ]; then echo "=== pytest FAILED on at least one server"; fi; \
 	exit $$status

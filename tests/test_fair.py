@@ -124,7 +124,10 @@ class TestFairLock:
         stuck for good; every FairLock of another, healthy client of the same server then
         waited for it — a try on the free lock answered False, ``acquire(timeout=2)`` timed
         out, ``acquire()`` never returned. The order across clients is kept for at most
-        ``KIN_PATIENCE`` now; tries never look at other clients."""
+        ``KIN_PATIENCE`` now; tries never look at other clients. (Second attack pass: each
+        acquisition of the healthy client still waited ``KIN_PATIENCE``, one after the other,
+        and ``acquire(timeout=0.1)`` on the free lock timed out. Nothing is waited for longer
+        than ``KIN_PATIENCE`` after it began now, nor for more than half of the caller's time.)"""
         loop = asyncio.get_running_loop()
         stuck = aioredis.Redis.from_pool(
             aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=None)

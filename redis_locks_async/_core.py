@@ -105,7 +105,7 @@ _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
 _ARRIVALS: Final = itertools.count(1)  # numbers acquire() calls in this process (Waiter.arrival)
 # Seconds after it queued (or attempted) that an earlier arrival of another client of the same
-# server is waited for, at most, to register first (LockBase._kin_ahead): the order is kept
+# server is waited for, at most, to register first (LockBase._kin_first): the order is kept
 # across clients when they are healthy; one stuck on its own pool or connection holds the
 # others back no longer.
 KIN_PATIENCE: Final = 0.25
@@ -218,7 +218,7 @@ class Policy(ABC):
     # waiters of a process then register one after the other, in the order they arrived
     # (ParkingLot.turn_to_register) — sent at once, they would reach the server in any order;
     # also after those of other clients of the same server, for KIN_PATIENCE at most
-    # (LockBase._kin_ahead). It costs a round trip per waiter of a burst, so only a policy
+    # (LockBase._kin_first). It costs a round trip per waiter of a burst, so only a policy
     # that promises FIFO asks.
     ordered_registration: ClassVar[bool] = False
     reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
@@ -1491,7 +1491,7 @@ class LockBase:
         if not contended and timeout != 0 and self._policy.ordered_registration:
             # Where the server grants in the order of registration (FairLock), a task that
             # arrives while tasks of other clients of the same server wait (or attempt) waits
-            # in line behind them (_kin_ahead), rather than attempting on its own first.
+            # in line behind them (_kin_first), rather than attempting on its own first.
             contended = any(other.contended(channel) for other in runtime.kin())
         if not contended or timeout == 0:
             # Nobody here waits for this lock: one plain attempt first (the fast path), and
@@ -1504,8 +1504,7 @@ class LockBase:
             bound = loop.time() + TRY_BOUND if timeout == 0 else deadline
             sent_at = loop.time()
             if not contended:
-                runtime.trying[channel] = None
-                runtime.tried_at[channel] = sent_at
+                runtime.begin_try(channel, sent_at)
             try:
                 call = self._attempt_call(runtime, owner, False, task)
                 undo = self._abandon(owner)
@@ -1588,8 +1587,8 @@ class LockBase:
             loop, owner, watches=one_watcher, side=self._policy.side, arrival=arrival
         )
         lot.join(waiter, first=first)
-        # (ordered: the latest arrival already waiting through another client, see _kin_ahead)
-        kin_before = self._kin_latest(runtime, waiter, -1) if ordered else None
+        # (ordered: the latest arrival already waiting through another client, see _kin_first)
+        kin_before = self._kin_latest(runtime.kin(), waiter, -1) if ordered else None
         registered = False  # an attempt that may have registered this owner was sent
         acquired = False
         # (loop time sent, server time µs) of the last attempt that registered this owner: any
@@ -1608,7 +1607,7 @@ class LockBase:
                 await asyncio.wait((ended,), timeout=_left(deadline, loop))
                 if not ended.done():
                     return False
-            kin_waited = not ordered  # (_kin_ahead: once, before the first attempt)
+            kin_waited = not ordered  # (_kin_first: once, before the first attempt)
             failures = 0
             homed: Hub | None = None  # the hub whose subscription the attempts followed
             call = self._attempt_call(runtime, owner, True, task)
@@ -1643,15 +1642,12 @@ class LockBase:
                     continue  # (look again: the lot, the turn)
                 if not kin_waited:
                     kin_waited = True
-                    if runtime.kin():
-                        kin_ahead = await self._kin_ahead(runtime, waiter, kin_before, deadline)
-                        if kin_ahead is not None:
-                            answered, until = kin_ahead
-                            patience = _earlier(until, deadline)
-                            await asyncio.wait((answered,), timeout=_left(patience, loop))
-                            if deadline is not None and loop.time() >= deadline:
-                                return False
-                        continue
+                    kin = runtime.kin()
+                    if kin:
+                        await self._kin_first(kin, waiter, kin_before, deadline)
+                        if deadline is not None and loop.time() >= deadline:
+                            return False
+                        continue  # (look again: the client may have been closed meanwhile)
                 waiter.forget_news()
                 sent_at = loop.time()
                 registered = True
@@ -1745,58 +1741,53 @@ class LockBase:
                 cleanup = self._undo(runtime, self._abandon(owner))
                 await asyncio.wait((cleanup,), timeout=CLEANUP_GRACE)
 
-    async def _kin_ahead(
-        self, runtime: Runtime, waiter: Waiter, before: Waiter | None, deadline: float | None
-    ) -> tuple[asyncio.Future[None], float] | None:
-        """Where registrations are ordered (FairLock), before ``waiter``'s first attempt: what
-        it awaits so that the tasks of this process that called ``acquire()`` before it through
-        *other* clients of the same server (``Runtime.kin``) register first — the answer to
-        the latest such waiter's first attempt, and the loop time to wait for it until (``None``:
-        nothing to wait for). ``before`` is the latest of them when ``waiter`` queued (the
-        last in each of their lots then); uncontended attempts in flight there are let end
-        first — a task whose attempt came back "held" queues at the front of its lot, ahead of
-        any that came later. (A waiter that left unanswered is answered once the one ahead of
-        it is: ``Waiter.pass_on``.)
+    async def _kin_first(
+        self, kin: list[Runtime], waiter: Waiter, before: Waiter | None, deadline: float | None
+    ) -> None:
+        """Where registrations are ordered (FairLock), before ``waiter``'s first attempt: let
+        the tasks of this process that called ``acquire()`` before it through *other* clients
+        of the same server (``kin``: ``Runtime.kin``) register first — wait for the answer to
+        the latest such waiter's first attempt. ``before`` is the latest of them when
+        ``waiter`` queued (the last in each of their lots then); uncontended attempts in
+        flight there are let end first — a task whose attempt came back "held" queues at the
+        front of its lot, ahead of any that came later. (A waiter that left unanswered is
+        answered once the one ahead of it is: ``Waiter.pass_on``.)
 
         Nothing is waited for longer than :data:`KIN_PATIENCE` after it began (the attempt
         was sent, the waiter queued), nor for more than half of the time the caller has left:
         the order is kept between healthy clients, and one stuck on its own pool or connection
         does not hold the others back — not at all once it has been stuck that long."""
-        loop = runtime.loop
+        loop = asyncio.get_running_loop()
         channel = self._policy.keys.channel
-        # (and never more than half of the time the caller has left)
         cap = None if deadline is None else loop.time() + max(0.0, deadline - loop.time()) / 2
-        for other in runtime.kin():
+        for other in kin:
             ended = other.try_ended(channel)
             sent_at = other.tried_at.get(channel)
             if ended is not None and sent_at is not None:
                 until = _earlier(sent_at + KIN_PATIENCE, cap)
                 await asyncio.wait((ended,), timeout=_left(until, loop))
-        front = self._kin_latest(runtime, waiter, 0)
+        front = self._kin_latest(kin, waiter, 0)
         if before is None or (front is not None and front.arrival > before.arrival):
             before = front
         answered = ParkingLot.answer_of(before)
-        if answered is None or before is None:
-            return None
-        until = _earlier(before.since + KIN_PATIENCE, cap)
-        return None if until is None or until <= loop.time() else (answered, until)
+        if answered is not None and before is not None:
+            until = _earlier(before.since + KIN_PATIENCE, cap)
+            await asyncio.wait((answered,), timeout=_left(until, loop))
 
-    def _kin_latest(self, runtime: Runtime, waiter: Waiter, end: int) -> Waiter | None:
+    def _kin_latest(self, kin: list[Runtime], waiter: Waiter, end: int) -> Waiter | None:
         """Of the waiters at the ``end`` (0: front, -1: back) of the lots of ``waiter``'s lock
-        in the runtimes of ``Runtime.kin``, the latest that arrived before it. (A lot is in
-        arrival order, so these are found without walking the lots.)"""
+        in the runtimes ``kin``, the latest that arrived before it. (A lot is in arrival
+        order, so these are found without walking the lots.)"""
         channel = self._policy.keys.channel
         latest: Waiter | None = None
-        for other in runtime.kin():
-            for hub in other.hubs():
-                lot = hub.existing_lot(channel)
-                if lot is None or not lot.queue:
-                    continue
-                candidate = lot.queue[end]
-                if candidate.arrival < waiter.arrival and (
-                    latest is None or candidate.arrival > latest.arrival
-                ):
-                    latest = candidate
+        for lot in itertools.chain.from_iterable(other.lots(channel) for other in kin):
+            candidate = lot.queue[end] if lot.queue else None
+            if (
+                candidate is not None
+                and candidate.arrival < waiter.arrival
+                and (latest is None or candidate.arrival > latest.arrival)
+            ):
+                latest = candidate
         return latest
 
     def _home(self, runtime: Runtime, hub: Hub, lot: ParkingLot) -> Hub:

@@ -176,7 +176,7 @@ class Waiter:
         self._loop = loop
         self.owner = owner
         # When its task called acquire(), as a number that grows with every call in this
-        # process: orders the waiters of one lock across clients (``LockBase._kin_ahead``).
+        # process: orders the waiters of one lock across clients (``LockBase._kin_first``).
         self.arrival = arrival
         self.since = loop.time()  # when it queued
         self.side = side  # which side of its lock it waits for (``Policy.side``; "" for most)

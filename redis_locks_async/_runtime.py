@@ -39,7 +39,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._errors import LockError
 from ._lease import Hold
 from ._notify import Hub, SubscriptionHub, Subscriptions, subscription_refusal
-from ._parking import Waiter
+from ._parking import ParkingLot, Waiter
 from ._renewal import LeaseKeeper
 from ._scripts import Call
 from ._wire import drop_stale_connections
@@ -401,6 +401,12 @@ class Runtime:
                 )
         return hub
 
+    def begin_try(self, channel: str, sent_at: float) -> None:
+        """An uncontended attempt on ``channel`` is sent (at loop time ``sent_at``): waiters
+        of this process wait for it to end (:meth:`try_ended`)."""
+        self.trying[channel] = None
+        self.tried_at[channel] = sent_at
+
     def end_try(self, channel: str) -> None:
         """The uncontended attempt on ``channel`` is over: let the waiters behind it go."""
         ended = self.trying.pop(channel, None)
@@ -426,12 +432,17 @@ class Runtime:
         # the channel needs its slot map, which the first attempt on the lock loads.
         return any(hub.waiters(channel) > 0 for hub in self._hubs.values())
 
-    def local_waiters(self, channel: str) -> Iterator[Waiter]:
-        """This process's tasks waiting for the lock of ``channel``, each lot in arrival order."""
+    def lots(self, channel: str) -> Iterator[ParkingLot]:
+        """The parking lots of the lock of ``channel``, one per hub that has one."""
         for hub in self._hubs.values():
             lot = hub.existing_lot(channel)
             if lot is not None:
-                yield from lot.queue
+                yield lot
+
+    def local_waiters(self, channel: str) -> Iterator[Waiter]:
+        """This process's tasks waiting for the lock of ``channel``, each lot in arrival order."""
+        for lot in self.lots(channel):
+            yield from lot.queue
 
     def hubs(self) -> list[Hub]:
         """Every subscription hub of this runtime."""

@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
-from ._runtime import ClientRef, transient_error
+from ._runtime import ClientRef, pipelined, transient_error
 from ._scripts import Call
 
 __all__ = ("Cluster",)
@@ -122,12 +122,10 @@ class Cluster(ClientRef):
                 for index in indexes:
                     results[index] = SlotNotCoveredError("no node serves this slot")
                 return
-            pipe = self._node_client(name).pipeline(transaction=False)
-            for index in indexes:
-                script, keys, args = calls[index]
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
             try:
-                replies = await asyncio.wait_for(pipe.execute(raise_on_error=False), bound)
+                replies = await pipelined(
+                    self._node_client(name), [calls[index] for index in indexes], bound
+                )
             except Exception as exc:  # per call: any failure is that call's reply
                 replies = [exc] * len(indexes)
                 if isinstance(exc, _NODE_DOWN):

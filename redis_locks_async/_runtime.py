@@ -42,7 +42,7 @@ from ._notify import Hub, SubscriptionHub, Subscriptions, subscription_refusal
 from ._parking import ParkingLot, Waiter
 from ._renewal import LeaseKeeper
 from ._scripts import Call
-from ._wire import drop_stale_connections
+from ._wire import drop_stale_connections, fast_batches, run_pipeline
 
 __all__ = (
     "ClientRef",
@@ -51,6 +51,7 @@ __all__ = (
     "Topology",
     "close_with",
     "existing_runtime",
+    "pipelined",
     "runtime_for",
     "topology_for",
     "transient_error",
@@ -171,14 +172,9 @@ class Standalone(ClientRef):
         return False
 
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
-        """One pipeline (one round trip), never on a connection of an earlier event loop."""
-        client = self.client
-        drop_stale_connections(client.connection_pool)
-        pipe = client.pipeline(transaction=False)
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        """One pipeline (one round trip): :func:`pipelined`."""
         try:
-            return list(await asyncio.wait_for(pipe.execute(raise_on_error=False), bound))
+            return await pipelined(self.client, calls, bound)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             return [exc] * len(calls)
 
@@ -189,6 +185,23 @@ class Standalone(ClientRef):
     def pipeline_for(self, key: str | bytes) -> Any:
         """A pipeline on the user's client."""
         return self.client.pipeline(transaction=False)
+
+
+async def pipelined(client: Any, calls: Sequence[Call], bound: float) -> list[object]:
+    """``calls`` in one pipeline on one connection of ``client`` (one round trip), within
+    ``bound`` seconds, never on a connection of an earlier event loop: their replies, a
+    server's error reply in place of its call's. A plain client takes
+    :func:`._wire.run_pipeline`, which lets the event loop run between steps of a long batch;
+    any other (:func:`._wire.fast_batches`), redis-py's pipeline."""
+    drop_stale_connections(client.connection_pool)
+    fast = fast_batches(client)
+    if fast is not None:
+        batch = [(script.sha, keys, args) for script, keys, args in calls]
+        return await asyncio.wait_for(run_pipeline(fast, batch), bound)
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    return list(await asyncio.wait_for(pipe.execute(raise_on_error=False), bound))
 
 
 def transient_error(exc: BaseException) -> bool:

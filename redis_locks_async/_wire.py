@@ -62,6 +62,7 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._lane import Lane, lane_capable, lane_possible
@@ -77,8 +78,10 @@ __all__ = (
     "connection_failed",
     "drop_connection",
     "drop_stale_connections",
+    "fast_batches",
     "fast_pool",
     "forget_foreign",
+    "run_pipeline",
     "run_script",
 )
 
@@ -90,6 +93,8 @@ _PLAIN_CONNECTIONS: Final = (Connection, SSLConnection, UnixDomainSocketConnecti
 
 Keys = tuple[str | bytes, ...]
 Args = Sequence[str | int | float | bytes]
+PIPELINE_STEP: Final = 100
+"""Commands packed, and replies read, per event-loop step in :func:`run_pipeline`."""
 _HEADS_MAX: Final = 4096  # cached command heads per pool (one per script and lock, typically)
 _REDIS_PACKAGE: Final = os.path.dirname(redis.__file__) + os.sep
 _OWN: dict[Any, bool] = {}  # a command method -> it is redis-py's own (not a wrapper)
@@ -154,14 +159,20 @@ class FastPool:
         self.opening: asyncio.Future[Lane | None] | None = None
         self.retry: Any = None
 
-    def pack(self, sha: str, keys: Keys, args: Args, code: bytes | None = None) -> bytes:
+    def pack(
+        self, sha: str, keys: Keys, args: Args, code: bytes | None = None, *, cache: bool = True
+    ) -> bytes:
         """``EVALSHA sha len(keys) *keys *args`` as one RESP command, strings encoded as the
-        pool's clients encode them (``EVAL code …`` when ``code`` is given)."""
+        pool's clients encode them (``EVAL code …`` when ``code`` is given). The head is kept
+        for the next call unless ``cache`` is false (a batch of thousands of locks' renewals
+        would only push out the heads of the locks acquired and released again and again)."""
         if code is not None:
             loading = self._bulk((b"EVAL", code, len(keys), *keys))
             return b"*%d\r\n%b%b" % (3 + len(keys) + len(args), loading, self._bulk(args))
         head = self.heads.get((sha, keys))
-        if head is None:
+        if head is None and not cache:
+            head = self._bulk((b"EVALSHA", sha.encode("ascii"), len(keys), *keys))
+        elif head is None:
             if len(self.heads) >= _HEADS_MAX:
                 self.heads.clear()
             command = (b"EVALSHA", sha.encode("ascii"), len(keys), *keys)  # ASCII, as redis-py
@@ -239,6 +250,20 @@ def fast_pool(client: object) -> FastPool | None:
         fast = FastPool(pool) if _qualifies(pool) else None
         setattr(pool, _FAST, fast)
     return fast  # type: ignore[return-value]
+
+
+def fast_batches(client: object) -> FastPool | None:
+    """How :func:`run_pipeline` may reach ``client``'s server, or ``None`` (redis-py's
+    pipeline): as :func:`fast_pool`, and only while the client's ``pipeline`` and the
+    pipeline's ``execute`` are redis-py's own — what wraps them (a tracer, a test) still sees
+    every batch."""
+    fast = fast_pool(client)
+    if fast is None or "pipeline" in client.__dict__:
+        return None
+    cls: Any = type(client)
+    if not (_redis_own(cls.pipeline) and _redis_own(Pipeline.execute)):
+        return None
+    return fast
 
 
 async def _exchange(
@@ -388,6 +413,68 @@ def _sent(
     return conn.retry.call_with_retry(  # type: ignore[no-any-return]
         lambda: _exchange(conn, fast, sha, keys, args, code), lambda _error: drop_connection(conn)
     )
+
+
+async def run_pipeline(fast: FastPool, calls: Sequence[tuple[str, Keys, Args]]) -> list[object]:
+    """``EVALSHA sha len(keys) *keys *args`` for each of ``calls`` (``(sha, keys, args)``), all
+    written at once on one connection of ``fast``'s pool — one round trip, as a redis-py
+    pipeline — and their replies in order, a server's error reply in place of its call's.
+
+    Unlike a redis-py pipeline it gives the event loop a step every :data:`PIPELINE_STEP`
+    commands packed and replies read: a batch of 1,000 renewals holds the loop for a tenth of
+    the time (B5's loop lag), and costs no more. Under the pool's ``Retry`` as a single script
+    call is (every script is idempotent); a connection left with replies owed (an error, a
+    timeout, a cancellation) is dropped, never reused."""
+    pool: Any = fast.pool
+    conn = await pool.get_connection()
+    try:
+        return await conn.retry.call_with_retry(  # type: ignore[no-any-return]
+            lambda: _pipelined(conn, fast, calls), lambda _error: drop_connection(conn)
+        )
+    finally:
+        await pool.release(conn)
+
+
+async def _pipelined(
+    conn: Any, fast: FastPool, calls: Sequence[tuple[str, Keys, Args]]
+) -> list[object]:
+    forget_foreign(conn, asyncio.get_running_loop())
+    if not conn.is_connected:
+        await conn.connect_check_health(check_health=True, retry_socket_connect=False)
+    elif conn.health_check_interval:
+        await conn.check_health()
+    packed: list[bytes] = []
+    for start in range(0, len(calls), PIPELINE_STEP):
+        if start:
+            await asyncio.sleep(0)
+        chunk = calls[start : start + PIPELINE_STEP]
+        if fast.raw:
+            pack = fast.pack
+            packed.append(b"".join(pack(sha, keys, args, cache=False) for sha, keys, args in chunk))
+        else:  # the connection class's own packing (a meter, a tracer sees every command)
+            packed.extend(
+                conn.pack_commands(
+                    [("EVALSHA", sha, len(keys), *keys, *args) for sha, keys, args in chunk]
+                )
+            )
+    replies: list[object] = []
+    owed = True
+    try:
+        await conn.send_packed_command(packed, check_health=False)
+        for index in range(len(calls)):
+            if index and not index % PIPELINE_STEP:
+                await asyncio.sleep(0)
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        owed = False
+    except (OSError, RuntimeError, *TORN_DOWN) as exc:
+        raise connection_failed(exc) from exc
+    finally:
+        if owed:
+            await drop_connection(conn, nowait=True)
+    return replies
 
 
 def _idle(fast: FastPool) -> Any:

@@ -5,7 +5,9 @@ server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import itertools
 import re
 import weakref
 from typing import Any
@@ -14,9 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
 
 from redis_locks_async import Lock, LockError
-from redis_locks_async._wire import fast_pool, run_script
+from redis_locks_async._wire import PIPELINE_STEP, fast_pool, run_pipeline, run_script
 from tests import _introspect as introspect
 
 from .conftest import Connect
@@ -382,3 +385,160 @@ async def test_a_client_that_is_let_go_is_collected(redis_url: str, name: str) -
     del client
     gc.collect()
     assert pool() is None, "the pool outlived its client"
+
+
+# -- batches (the lease keeper's renewals): run_pipeline -------------------------------------
+
+_PEXPIRE = "return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
+
+
+async def _batch_of(client: aioredis.Redis, name: str, count: int) -> list[tuple[str, Any, Any]]:
+    sha = await client.script_load(_PEXPIRE)
+    keys = [f"{name}:{index}" for index in range(count)]
+    await client.mset(dict.fromkeys(keys, 1))
+    return [(sha, (key,), (60_000,)) for key in keys]
+
+
+async def test_a_batch_is_one_request_whose_replies_come_in_order(
+    redis_url: str, name: str
+) -> None:
+    """A batch is written as one request (a connection class that observes what is written sees
+    one write of every command), and each call gets its own reply in order — a server's error
+    reply (here an unknown script) in its call's place, the others unharmed."""
+    writes: list[int] = []
+
+    class Observed(aioredis.Connection):
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            writes.append(sum(bytes(part).count(b"EVALSHA") for part in command))
+            await super().send_packed_command(command, check_health)
+
+    client = aioredis.Redis.from_url(redis_url, connection_class=Observed)
+    try:
+        fast = fast_pool(client)
+        assert fast is not None
+        calls = await _batch_of(client, name, 250)
+        calls[7] = ("0" * 40, calls[7][1], calls[7][2])
+        calls[3] = (calls[3][0], (f"{name}:absent",), calls[3][2])
+        writes.clear()
+        replies = await run_pipeline(fast, calls)
+        assert writes == [250]
+        assert isinstance(replies[7], NoScriptError)
+        assert replies[3] == 0
+        assert [r for i, r in enumerate(replies) if i not in (3, 7)] == [1] * 248
+        assert await client.pttl(f"{name}:0") > 50_000
+    finally:
+        await client.aclose()
+
+
+async def test_a_long_batch_lets_the_event_loop_run(redis_url: str, name: str) -> None:
+    """Regression (B5's event-loop lag): a redis-py pipeline packs every command, then reads
+    and parses every reply, without giving the event loop a step — 1,000 renewals held every
+    other task of the process for one long stretch. Now other tasks run at least once per
+    ``PIPELINE_STEP`` replies read."""
+    ticks = 0
+    seen: list[int] = []  # the tick count at each reply read
+
+    class Observed(aioredis.Connection):
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            reply = await super().read_response(*args, **kwargs)
+            seen.append(ticks)
+            return reply
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    client = aioredis.Redis.from_url(redis_url, connection_class=Observed)
+    other = asyncio.create_task(ticker())
+    try:
+        fast = fast_pool(client)
+        assert fast is not None
+        calls = await _batch_of(client, name, 1_000)
+        seen.clear()
+        assert await run_pipeline(fast, calls) == [1] * 1_000
+        runs = [len(list(group)) for _, group in itertools.groupby(seen)]
+        assert max(runs) <= PIPELINE_STEP, runs
+    finally:
+        other.cancel()
+        await client.aclose()
+
+
+async def test_a_batch_cancelled_with_replies_owed_leaves_none_behind(
+    proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str
+) -> None:
+    """Cancelled (a renewal round trip timed out) while replies are owed, a batch drops its
+    connection: the next command on the client reads its own reply, never a renewal's."""
+    fast = fast_pool(proxied)
+    assert fast is not None
+    calls = await _batch_of(proxied, name, 300)
+    fault_proxy.hold_replies()
+    task = asyncio.create_task(run_pipeline(fast, calls))
+    await fault_proxy.wait_held()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    fault_proxy.release_replies()
+    await proxied.set(f"{name}:probe", "x")
+    for _ in range(5):
+        assert await proxied.get(f"{name}:probe") == b"x"
+    assert await run_pipeline(fast, calls) == [1] * 300
+
+
+async def test_the_lease_keeper_lets_the_event_loop_run(redis_url: str, name: str) -> None:
+    """The lease keeper's batches take the stepping way (:func:`run_pipeline`): 300 leases
+    renewed together never have their replies read in one stretch of the event loop."""
+    ticks = 0
+    seen: list[int] = []
+
+    class Observed(aioredis.Connection):
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            reply = await super().read_response(*args, **kwargs)
+            seen.append(ticks)
+            return reply
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    client = aioredis.Redis.from_url(redis_url, connection_class=Observed)
+    other = asyncio.create_task(ticker())
+    locks = [Lock(client, f"{name}:{index}", lease=0.9) for index in range(300)]
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for lock in locks:
+                await stack.enter_async_context(lock)
+            seen.clear()
+            await asyncio.sleep(0.7)  # every lease renewed at least once (every 0.3 s)
+            assert len(seen) >= 300 and all(lock.owned() for lock in locks)
+            runs = [len(list(group)) for _, group in itertools.groupby(seen)]
+            assert max(runs) <= PIPELINE_STEP, runs
+    finally:
+        other.cancel()
+        await client.aclose()
+
+
+async def test_renewals_of_a_wrapped_pipeline_take_redis_pys_way(
+    connect: Connect, name: str
+) -> None:
+    """A client whose ``pipeline`` is wrapped (a tracer, a test) has the lease keeper's
+    batches go through it, as they did before the keeper had a way of its own."""
+    client = connect()
+    built: list[object] = []
+    real = client.pipeline
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        built.append(args)
+        return real(*args, **kwargs)
+
+    lock = Lock(client, name, lease=0.6)
+    async with lock:
+        client.pipeline = wrapped  # type: ignore[method-assign]
+        try:
+            await until(lambda: bool(built), what="a renewal through the wrapped pipeline")
+        finally:
+            del client.pipeline
+        assert lock.owned()

@@ -811,3 +811,87 @@ async def test_command_line_on_a_cluster(
         await sem.release()
         # (the waiter was woken by the announcement of a forced unlock: it must not be
         # mistaken for one woken by its timer)
+
+
+@contextlib.contextmanager
+def _evalsha_through_the_cluster_client() -> Iterator[list[object]]:
+    """The ``EVALSHA`` calls that go through ``RedisCluster``'s own command path meanwhile."""
+    seen: list[object] = []
+    real = RedisCluster.execute_command
+
+    async def spy(self: RedisCluster, *args: Any, **kwargs: Any) -> Any:
+        if args and str(args[0]).upper() == "EVALSHA":
+            seen.append(args)
+        return await real(self, *args, **kwargs)
+
+    RedisCluster.execute_command = spy  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        RedisCluster.execute_command = real  # type: ignore[method-assign]
+
+
+async def test_script_calls_take_the_short_way_to_the_lock_node(
+    cluster: list[RedisCluster],
+) -> None:
+    """Acquire, re-entry and release on every node reach the node that serves the lock
+    without ``RedisCluster``'s command path (about half the time of an ``EVALSHA`` through
+    it); the locks work as before."""
+    a, b = cluster
+    names = _names_on_every_node(a, "short")
+    for name in names:  # (each node's plain connection opened: scripts loaded there)
+        async with Lock(a, name):
+            pass
+    with _evalsha_through_the_cluster_client() as seen:
+        for name in names:
+            lock = Lock(a, name, lease=5.0)
+            async with lock, lock:
+                assert await Lock(b, name).locked()
+                assert not await Lock(b, name).acquire(blocking=False)
+            assert not await lock.locked()
+    assert seen == []
+
+
+async def test_a_cluster_client_not_initialized_yet_locks(
+    cluster_nodes: list[ServerProcess], name: str
+) -> None:
+    """Regression (found before release): a ``RedisCluster`` client whose slot map is not
+    loaded yet (its first command initializes it) raised ``SlotNotCoveredError`` from the
+    short way's node lookup in the background clean-up; the first call now takes the
+    cluster client's way, which loads the map."""
+    first = cluster_nodes[0]
+    client = RedisCluster(host=first.host, port=first.port)
+    try:
+        lock = Lock(client, name, lease=5.0)
+        async with lock:
+            assert await lock.locked()
+        assert not await lock.locked()
+    finally:
+        await client.aclose()
+
+
+async def test_a_stale_slot_map_is_followed_by_the_cluster_client(
+    cluster: list[RedisCluster], name: str
+) -> None:
+    """A slot map that names the wrong node (the slot moved since it was loaded) sends the
+    short way to a node that answers ``MOVED``: the call goes again through the cluster
+    client, which follows the redirection and corrects its map — the next call takes the
+    short way to the right node."""
+    a, _ = cluster
+    right = a.get_node_from_key(name)
+    assert right is not None
+    wrong = next(node for node in a.get_primaries() if node.name != right.name)
+    slot = a.keyslot(name)
+    a.nodes_manager.slots_cache[slot] = [wrong]
+    lock = Lock(a, name, lease=5.0)
+    with _evalsha_through_the_cluster_client() as seen:
+        async with lock:
+            assert await lock.locked()
+        assert seen, "the redirected call did not go through the cluster client"
+        corrected = a.get_node_from_key(name)
+        assert corrected is not None and corrected.name == right.name
+        seen.clear()
+        async with lock:
+            pass
+        assert seen == []
+    assert not await lock.locked()

@@ -69,7 +69,7 @@ import math
 import random
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError, ResponseError
@@ -79,7 +79,14 @@ from ._keys import LockKeys
 from ._lock import LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW
 from ._notify import SubscriptionHub, Subscriptions, subscription_refusal
 from ._parking import ParkingLot
-from ._runtime import ClientRef, Runtime, close_with, existing_runtime, transient_error
+from ._runtime import (
+    ClientRef,
+    Runtime,
+    close_with,
+    existing_runtime,
+    pipelined,
+    transient_error,
+)
 from ._scripts import Call, EncodableArg, Script
 from ._wire import TORN_DOWN, connection_failed
 
@@ -824,24 +831,20 @@ def _slot(per_master: list[object], slot: int, slots: int) -> list[object]:
     return [r[slot] if isinstance(r, list) and len(r) == slots else r for r in per_master]
 
 
+_Keys = tuple[str | bytes, ...]
+
+
 async def _pipelined(
     master: Any, script: Script, calls: Sequence[tuple[EncodableArg, ...]], numkeys: int
 ) -> list[object]:
     """Run ``script`` once per ``calls`` entry (its keys, then its arguments) in one pipeline
     on ``master``; each reply or error in order. A master that lost its scripts (restarted,
     flushed) is given it and the pipeline sent again."""
-
-    async def send() -> list[object]:
-        pipe = master.pipeline(transaction=False)
-        for keys_and_args in calls:
-            pipe.evalsha(script.sha, numkeys, *keys_and_args)
-        replies: list[object] = await pipe.execute(raise_on_error=False)
-        return replies
-
-    replies = await send()
+    batch = [Call(script, cast(_Keys, c[:numkeys]), c[numkeys:]) for c in calls]
+    replies = await pipelined(master, batch)
     if any(isinstance(r, NoScriptError) for r in replies):
         await master.script_load(script.code)
-        replies = await send()
+        replies = await pipelined(master, batch)
     return replies
 
 

@@ -187,9 +187,11 @@ class Standalone(ClientRef):
         return self.client.pipeline(transaction=False)
 
 
-async def pipelined(client: Any, calls: Sequence[Call], bound: float) -> list[object]:
+async def pipelined(
+    client: Any, calls: Sequence[Call], bound: float | None = None
+) -> list[object]:
     """``calls`` in one pipeline on one connection of ``client`` (one round trip), within
-    ``bound`` seconds, never on a connection of an earlier event loop: their replies, a
+    ``bound`` seconds if given, never on a connection of an earlier event loop: their replies, a
     server's error reply in place of its call's. A plain client takes
     :func:`._wire.run_pipeline`, which lets the event loop run between steps of a long batch;
     any other (:func:`._wire.fast_batches`), redis-py's pipeline."""

@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
-from ._wire import TORN_DOWN, FastPool, connection_failed, fast_pool, run_script
+from ._wire import TORN_DOWN, FastPool, connection_failed, fast_pool, run_script, unobserved
 
 __all__ = (
     "Call",
@@ -186,6 +186,8 @@ def _node_way(client: Any, key: str | bytes) -> FastPool | None:
     from ._cluster import Cluster  # (import cycle: the topologies run scripts)
     from ._runtime import existing_runtime
 
+    if not unobserved(client):
+        return None  # (what watches the cluster client's commands sees the library's)
     runtime = existing_runtime(client)
     topology = None if runtime is None else runtime.topology
     return topology.short_way(key) if isinstance(topology, Cluster) else None

@@ -83,6 +83,7 @@ __all__ = (
     "forget_foreign",
     "run_pipeline",
     "run_script",
+    "unobserved",
 )
 
 TORN_DOWN: Final = (AttributeError, TypeError)
@@ -228,6 +229,18 @@ def _metrics_on() -> bool:
     return getattr(_recorder, "_async_metrics_collector", None) is not None
 
 
+def unobserved(client: object) -> bool:
+    """Nothing watches ``client``'s commands on redis-py's way: its ``execute_command`` and
+    ``evalsha`` are redis-py's own (not wrapped or overridden: tracing, instrumentation, a
+    subclass, a test), and redis-py's own metrics are off. (Only then may the library's script
+    calls skip that way — on a ``RedisCluster`` client too, for its nodes.)"""
+    cls: Any = type(client)
+    if not (_redis_own(cls.execute_command) and _redis_own(cls.evalsha)):
+        return False
+    own = client.__dict__
+    return not ("execute_command" in own or "evalsha" in own or _metrics_on())
+
+
 def fast_pool(client: object) -> FastPool | None:
     """How :func:`run_script` may reach ``client``'s server, or ``None`` (redis-py's way).
 
@@ -238,11 +251,7 @@ def fast_pool(client: object) -> FastPool | None:
         return None
     if client.connection is not None:  # single_connection_client
         return None
-    cls = type(client)
-    if not (_redis_own(cls.execute_command) and _redis_own(cls.evalsha)):
-        return None
-    own = client.__dict__
-    if "execute_command" in own or "evalsha" in own or _metrics_on():
+    if not unobserved(client):
         return None
     pool = client.connection_pool
     fast = getattr(pool, _FAST, _UNKNOWN)

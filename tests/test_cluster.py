@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
@@ -815,20 +815,22 @@ async def test_command_line_on_a_cluster(
 
 @contextlib.contextmanager
 def _evalsha_through_the_cluster_client() -> Iterator[list[object]]:
-    """The ``EVALSHA`` calls that go through ``RedisCluster``'s own command path meanwhile."""
+    """The ``EVALSHA`` calls that go through ``RedisCluster``'s own command path meanwhile
+    (seen where it hands them to a node: a spy on the client's own ``execute_command`` would
+    be a wrapper, which keeps every call on that path)."""
     seen: list[object] = []
-    real = RedisCluster.execute_command
+    real = ClusterNode.execute_command
 
-    async def spy(self: RedisCluster, *args: Any, **kwargs: Any) -> Any:
+    async def spy(self: ClusterNode, *args: Any, **kwargs: Any) -> Any:
         if args and str(args[0]).upper() == "EVALSHA":
             seen.append(args)
         return await real(self, *args, **kwargs)
 
-    RedisCluster.execute_command = spy  # type: ignore[method-assign]
+    ClusterNode.execute_command = spy  # type: ignore[method-assign]
     try:
         yield seen
     finally:
-        RedisCluster.execute_command = real  # type: ignore[method-assign]
+        ClusterNode.execute_command = real  # type: ignore[method-assign]
 
 
 async def test_script_calls_take_the_short_way_to_the_lock_node(
@@ -894,4 +896,28 @@ async def test_a_stale_slot_map_is_followed_by_the_cluster_client(
         async with lock:
             pass
         assert seen == []
+    assert not await lock.locked()
+
+
+async def test_a_wrapped_cluster_client_keeps_its_own_way(
+    cluster: list[RedisCluster], name: str
+) -> None:
+    """A ``RedisCluster`` client whose ``execute_command`` is wrapped (tracing, a test) sees
+    every script call of the library, as a plain client's wrapper does."""
+    a, _ = cluster
+    seen: list[object] = []
+    real = a.execute_command
+
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        seen.append(args[0])
+        return await real(*args, **kwargs)
+
+    a.execute_command = wrapped  # type: ignore[method-assign]
+    try:
+        lock = Lock(a, name, lease=5.0)
+        async with lock:
+            pass
+    finally:
+        del a.execute_command
+    assert seen.count("EVALSHA") >= 2, seen
     assert not await lock.locked()

@@ -41,6 +41,12 @@ own. Where no lane can be had (a connection class that observes commands, a heal
 interval, no connection to open one on), the connection comes from the pool's own
 ``get_connection()`` (redis-py opens one, waits for one — a ``BlockingConnectionPool``'s queue
 keeps its order — or raises ``MaxConnectionsError``) and goes back through its ``release()``.
+
+Two more users of the short way: a ``RedisCluster`` client's script calls go to the plain client
+the cluster topology keeps for the node that serves the lock's slot (``Cluster.short_way``; the
+cluster client's own way after a redirection or a failure there), and the lease keeper's
+batches are written by :func:`run_pipeline` — one request, its replies read here, the event
+loop given a step every :data:`PIPELINE_STEP` commands.
 """
 
 from __future__ import annotations

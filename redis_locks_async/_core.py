@@ -240,6 +240,12 @@ class Policy(ABC):
         """What a task holds (with the task): re-acquiring the same hold key re-enters."""
         return (self.layout, self.keys.name)
 
+    @property
+    def hold_keys(self) -> tuple[Hashable, ...]:
+        """Every hold key of this lock (both sides of a read/write lock): a task waiting to
+        acquire any of them cannot be handed a hold of the lock (:meth:`LockBase.transfer`)."""
+        return (self.hold_key,)
+
     def key_of(self, index: int) -> str | bytes:
         """The key a ``-2`` reply names (1-based, in script order)."""
         keys = self.keys.script_keys
@@ -1046,8 +1052,9 @@ class LockBase:
             lock.transfer(worker)
 
         Leaving an ``async with lock:`` block whose hold was transferred releases nothing.
-        A task that is itself waiting in ``acquire()`` for this lock cannot be handed it
-        (:class:`LockError`: it would wait for its own hold).
+        A task that is itself waiting in ``acquire()`` for this lock (for either side of a
+        read/write lock) cannot be handed it (:class:`LockError`: it would wait for its own
+        hold).
         """
         if not callable(getattr(task, "get_coro", None)):
             # (duck-typed: a task of another asyncio-compatible Task class, such as the one the
@@ -1074,7 +1081,13 @@ class LockBase:
         split = self._policy.transfer_conflict(runtime.holds, current)
         if split is not None:
             raise LockError(f"cannot transfer {self._name!r}: {split}", name=self._name)
-        if self._policy.reentrant and (hold.key, task) in runtime.acquiring:
+        if self._policy.reentrant and any(
+            (key, task) in runtime.acquiring for key in self._policy.hold_keys
+        ):
+            # (Also for the other side of a read/write lock: holding the read side while it
+            # waits for the write side, the task would wait for its own read hold; handed the
+            # write side while it waits for the read side, its wait never turns into a
+            # downgrade — either way it waits for ever.)
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task is waiting in acquire() for "
                 "it and would go on waiting for the hold it was handed; let its acquire() end "

@@ -68,6 +68,11 @@ class _SidePolicy(Policy):
         """The read and write sides of one name are different holds."""
         return ("rw", self.keys.name, self.side)
 
+    @property
+    def hold_keys(self) -> tuple[Hashable, ...]:
+        """Both sides of the name."""
+        return (("rw", self.keys.name, "r"), ("rw", self.keys.name, "w"))
+
     def attempt(self, a: Attempt) -> Call:
         """``rw_acquire.lua``."""
         keys = self.keys

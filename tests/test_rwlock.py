@@ -392,3 +392,34 @@ class TestProbeFindings:
             assert repr(name) in str(info.value)
         assert await client.hgetall(name) == {k.encode(): v.encode() for k, v in data.items()}
         assert await client.pttl(name) == -1
+
+
+class TestAttackFindings:
+    @pytest.mark.parametrize("held", ["read", "write"])
+    async def test_a_side_is_not_handed_to_a_task_waiting_for_the_other_side(
+        self, client: aioredis.Redis, name: str, held: str
+    ) -> None:
+        """Regression (attack pass, stop 25: a hang): ``transfer()`` refused a task waiting in
+        ``acquire()`` for the *same* side only. Handed the read side while it waited for the
+        write side, the task waited for its own read hold; handed the write side while it
+        waited for the read side, its wait never turned into a downgrade — either way for
+        ever, the hold renewed all the while (everyone else locked out). Now refused at once,
+        as for the same side; the holder keeps its hold."""
+        rw = ReadWriteLock(client, name)
+        mine, theirs = (rw.read, rw.write) if held == "read" else (rw.write, rw.read)
+
+        async def wait_then_release() -> bool:
+            got = await theirs.acquire(timeout=5)
+            if got:
+                await theirs.release()
+            return got
+
+        assert await mine.acquire(blocking=False)
+        target = asyncio.create_task(wait_then_release())
+        await introspect.until_registered(client, name, 1, "rw")
+        with pytest.raises(LockError, match="waiting in acquire"):
+            mine.transfer(target)
+        assert mine.owned()
+        await mine.release()
+        assert await asyncio.wait_for(target, 5)  # the lock is free now: the target's turn
+        assert not await client.exists(name)

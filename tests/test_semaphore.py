@@ -4,17 +4,18 @@ count at run time — against a real server."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import LockError, LockNotOwnedError, Semaphore
+from redis_locks_async import LockError, LockNotOwnedError, ReadWriteLock, Semaphore
 from tests import _introspect as introspect
-from tests.test_lock_faults import until
+from tests.test_lock_faults import HoldingTask, until
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
+    from tests.faultproxy import FaultProxy
 
 
 class TestSemaphore:
@@ -186,3 +187,54 @@ class TestSemaphore:
             assert True in outcomes and False in outcomes
         finally:
             await small.aclose()
+
+
+class TestDeadGrantees:
+    @pytest.mark.parametrize("kind", ["sem", "rw"])
+    async def test_every_local_waiter_gets_in_once_dead_grantees_claims_end(
+        self,
+        client: aioredis.Redis,
+        connect: Connect,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        name: str,
+        kind: str,
+    ) -> None:
+        """The holds of a ``Semaphore(2)`` (of a write side) are handed to waiters of a client
+        that hangs (its replies and messages held back), whose claim windows then end
+        unconfirmed: both waiters of another client — tasks of one parking lot, behind the
+        hung ones — get in soon after, not when their timers end (the holds they registered
+        behind, 20 s on). (An attack pass reported the second waiter stranded; not reproduced
+        here, this keeps it checked.)"""
+        claim = 0.5
+        other = connect()  # the holders, then two waiters: tasks of one client (one parking lot)
+        if kind == "sem":
+
+            def make(c: aioredis.Redis) -> Any:
+                return Semaphore(c, name, 2, lease=20, claim_timeout=claim)
+
+            holders = [HoldingTask(make(other)) for _ in range(2)]
+            hang = [make(proxied) for _ in range(2)]
+            live = [make(other) for _ in range(2)]
+        else:
+            holders = [HoldingTask(ReadWriteLock(other, name, lease=20).write)]
+            hang = [ReadWriteLock(proxied, name, claim_timeout=claim).write]
+            live = [ReadWriteLock(other, name, lease=20).read for _ in range(2)]
+        for holder in holders:
+            assert await holder.wait_acquired() is not None
+        hung = [HoldingTask(lock, timeout=30) for lock in hang]
+        await introspect.until_registered(client, name, len(hung), kind)
+        await asyncio.sleep(0.1)  # their registrations' replies are back
+        fault_proxy.hold_replies()  # from now on they hear nothing, and confirm nothing
+        waiting = [HoldingTask(lock, timeout=8) for lock in live]
+        await introspect.until_registered(client, name, len(hung) + 2, kind)
+        for holder in holders:
+            await holder.end()  # handed to the hung waiters, for `claim` s each
+        for task in waiting:
+            assert await task.wait_acquired(within=4.0) is not None
+        for task in waiting:
+            await task.end()
+        fault_proxy.heal()
+        for task in hung:
+            task.task.cancel()
+            await asyncio.gather(task.task, return_exceptions=True)

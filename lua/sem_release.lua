@@ -12,7 +12,8 @@
 --          {0, 0}   released — also when this very release already ran (a retrying client
 --                   sent it again), or there was nothing to abandon
 --          {-1, 0}  ARGV[1] holds no permit: its lease ended
--- A key of another type fails the script with WRONGTYPE before anything is written.
+-- A key of another type fails the script with WRONGTYPE before anything is written. The last
+-- release (nobody holds or waits any more) leaves meta a minute to live.
 
 local holders, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, mode, channel, sharded = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
@@ -44,5 +45,10 @@ local permits = tonumber(redis.call('HGET', meta, 'permits')) or tonumber(ARGV[6
 sem_admit(holders, meta, queue, channel, sharded, now, permits)
 if redis.call('ZCARD', holders) == 0 then
     redis.call('DEL', holders)
+    if redis.call('ZCARD', queue) == 0 then
+        -- Nobody holds it or waits for it: the permit count (and the rest of meta) is kept a
+        -- minute from now, not until the longest lease it was kept for would have ended.
+        redis.call('PEXPIRE', meta, AUX_TAIL_MS)
+    end
 end
 return {0, 0}

@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from redis_locks_async import LockError, LockNotOwnedError, ReadWriteLock, Semaphore
+from redis_locks_async._keys import LockKeys
 from tests import _introspect as introspect
 from tests.test_lock_faults import HoldingTask, until
 
@@ -238,3 +239,23 @@ class TestDeadGrantees:
         for task in hung:
             task.task.cancel()
             await asyncio.gather(task.task, return_exceptions=True)
+
+
+class TestIdle:
+    async def test_the_permit_count_is_forgotten_a_minute_after_the_last_release(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (attack pass, stop 25): every acquisition and renewal kept the key that
+        records the permit count alive for the holder's lease plus a minute, and nothing
+        shortened it when the semaphore fell idle — used once with a 150 s lease, its count
+        outlived the documented minute by the lease (with a lease of days, for days), and a
+        new user's ``permits`` did not apply. Now the last release (nobody holding or
+        waiting) leaves it a minute; while a permit is held it stays."""
+        meta = LockKeys.for_name(name, "sem").meta
+        first, second = Semaphore(client, name, 2, lease=150), Semaphore(client, name, 2, lease=150)
+        assert await first.acquire(blocking=False)
+        assert await second.acquire(blocking=False)
+        await first.release()
+        assert await client.pttl(meta) > 120_000  # a permit is still held for 150 s
+        await second.release()
+        assert 0 < await client.pttl(meta) <= 60_000

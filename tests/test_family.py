@@ -1095,7 +1095,7 @@ class TestFoundHere:
         while not renewal:  # a renewal round trip in flight (wait_for's inner task)
             assert loop.time() < deadline, "no renewal seen"
             await asyncio.sleep(0)
-            renewal = [t for t in asyncio.all_tasks() if _runs(t, "Pipeline.execute")]
+            renewal = [t for t in asyncio.all_tasks() if _runs(t, "run_pipeline")]
         closing: list[asyncio.Future[None]] = []
         # Runs right after wait_for learnt of the reply, before the keeper resumes: the close
         # cancels the keeper exactly then.

@@ -1548,7 +1548,9 @@ class TestFoundByTheHarness:
         state = lease.state  # (a name of its own: mypy would narrow lease.state for good)
         assert state is HoldState.RELEASING
         trips = introspect.renewal_round_trips(client)
-        assert fault_proxy.lose_held() == 1  # the release's reply: resent in 2 s
+        # The release's reply, resent in 2 s (and, now and then, the reply to a renewal that
+        # fell due in these few milliseconds: renewals sit on a beat of random phase).
+        assert fault_proxy.lose_held() >= 1
         fault_proxy.heal()
         # The keeper's renewal (due 1 s after the acquisition) finds the lock gone.
         await until(

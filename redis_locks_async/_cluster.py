@@ -2,14 +2,10 @@
 
 What changes on a cluster, and where it is handled:
 
-* **Scripts** run on the one primary that owns the lock: every key of a lock hashes to one slot
-  (``_keys``: the auxiliary keys carry the name's hash tag). A script call takes the short way
-  (:mod:`._wire`) on this topology's plain client of the node the cluster client's slot map
-  names for that slot (:meth:`Cluster.short_way`) — about half the time of an ``EVALSHA``
-  through ``RedisCluster``'s command path. A redirection (``MOVED``/``ASK``), ``TRYAGAIN``,
-  ``CLUSTERDOWN`` or a failed connection there sends the call again through the cluster client
-  (every script is safe to run twice), which follows the redirection or finds the node that
-  serves the slot now and refreshes its slot map, so the next call takes the short way to it.
+* **Scripts** run through the cluster client, which routes an ``EVALSHA`` by its keys. Every key
+  of a lock hashes to one slot (``_keys``: the auxiliary keys carry the name's hash tag), so each
+  script runs on the one primary that owns the lock; redirections (``MOVED``/``ASK``) are the
+  cluster client's business.
 * **Announcements** use sharded pub/sub (``SPUBLISH`` in the scripts, ``SSUBSCRIBE`` here): a
   lock's channel lives on the node that owns its slot, and one subscription hub per node
   multiplexes every channel of that node. The hub's connection is a plain connection to that
@@ -41,8 +37,6 @@ from redis.exceptions import (
     ClusterDownError,
     ClusterError,
     MovedError,
-    RedisClusterException,
-    RedisError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -52,7 +46,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._errors import LockError
 from ._runtime import ClientRef, pipelined, transient_error
 from ._scripts import Call
-from ._wire import FastPool, fast_pool
 
 __all__ = ("Cluster",)
 
@@ -157,19 +150,6 @@ class Cluster(ClientRef):
 
         await asyncio.gather(*(one_node(name, indexes) for name, indexes in groups.items()))
         return results
-
-    def short_way(self, key: str | bytes) -> FastPool | None:
-        """The short way (:func:`._wire.run_script`) to the primary that serves ``key``'s slot
-        as the cluster client's slot map has it now — through this topology's plain client
-        of that node — or ``None`` (the client's slot map not loaded yet, no node known for
-        the slot, a connection class that does not qualify: the cluster client's own way)."""
-        try:
-            node = self.client.get_node_from_key(key)
-        except (RedisError, RedisClusterException):  # (not initialized, a failover under way)
-            return None
-        if node is None:
-            return None
-        return fast_pool(self._node_client(str(node.name)))
 
     def pipeline_for(self, key: str | bytes) -> Any:
         """A pipeline on the node that owns ``key``'s slot."""

@@ -26,21 +26,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol, final
 
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    MovedError,
-    NoScriptError,
-    RedisError,
-    ResponseError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
-from ._wire import TORN_DOWN, FastPool, connection_failed, fast_pool, run_script, unobserved
+from ._wire import TORN_DOWN, connection_failed, fast_pool, run_script
 
 __all__ = (
     "Call",
@@ -130,20 +119,14 @@ class Script:
         """Run with ``EVALSHA``; load with ``EVAL`` when the server does not know the script.
 
         On a plain ``redis.asyncio.Redis`` client the ``EVALSHA`` takes the short way
-        (:mod:`._wire`); on a ``RedisCluster`` client, the short way to the node that serves
-        the keys' slot (``Cluster.short_way``) — and the cluster client's own way after a
-        redirection or a failure there."""
+        (:mod:`._wire`)."""
         fast = fast_pool(client)
         try:
             if fast is not None:
-                return await self._short(fast, keys, args)
-            if keys and isinstance(client, RedisCluster):
-                node = _node_way(client, keys[0])
-                if node is not None:
-                    try:
-                        return await self._short(node, keys, args)
-                    except _REROUTED:
-                        pass  # (the cluster client finds where the slot lives now)
+                try:
+                    return await run_script(fast, self.sha, tuple(keys), args)
+                except NoScriptError:
+                    return await run_script(fast, self.sha, tuple(keys), args, self.code)
             try:
                 return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
             except NoScriptError:
@@ -153,44 +136,8 @@ class Script:
             # by pool.disconnect() meanwhile): a connection error for the callers.
             raise connection_failed(exc) from exc
 
-    async def _short(
-        self, fast: FastPool, keys: Sequence[str | bytes], args: Sequence[EncodableArg]
-    ) -> object:
-        try:
-            return await run_script(fast, self.sha, tuple(keys), args)
-        except NoScriptError:
-            return await run_script(fast, self.sha, tuple(keys), args, self.code)
-
     def __repr__(self) -> str:
         return f"<Script {self.filename} {self.sha[:8]}>"
-
-
-# What sends a script call that took the short way to a cluster node through the cluster client
-# after all: a redirection, a slot in migration, a cluster that is down for now, a connection to
-# the node that failed (the node may be gone and its replica promoted; the node connections of
-# a cluster do not retry). The call did not run, or is safe to run twice.
-_REROUTED: Final = (
-    AskError,
-    MovedError,
-    TryAgainError,
-    ClusterDownError,
-    RedisConnectionError,
-    RedisTimeoutError,
-    OSError,
-)
-
-
-def _node_way(client: Any, key: str | bytes) -> FastPool | None:
-    """The short way to the node of ``client`` (a ``RedisCluster``) that serves ``key``, from
-    the topology of its runtime on this loop (``None`` before there is one)."""
-    from ._cluster import Cluster  # (import cycle: the topologies run scripts)
-    from ._runtime import existing_runtime
-
-    if not unobserved(client):
-        return None  # (what watches the cluster client's commands sees the library's)
-    runtime = existing_runtime(client)
-    topology = None if runtime is None else runtime.topology
-    return topology.short_way(key) if isinstance(topology, Cluster) else None
 
 
 class Call(NamedTuple):

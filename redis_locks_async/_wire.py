@@ -42,11 +42,8 @@ interval, no connection to open one on), the connection comes from the pool's ow
 ``get_connection()`` (redis-py opens one, waits for one — a ``BlockingConnectionPool``'s queue
 keeps its order — or raises ``MaxConnectionsError``) and goes back through its ``release()``.
 
-Two more users of the short way: a ``RedisCluster`` client's script calls go to the plain client
-the cluster topology keeps for the node that serves the lock's slot (``Cluster.short_way``; the
-cluster client's own way after a redirection or a failure there), and the lease keeper's
-batches are written by :func:`run_pipeline` — one request, its replies read here, the event
-loop given a step every :data:`PIPELINE_STEP` commands.
+The lease keeper's batches take a short way too: :func:`run_pipeline` writes one request, reads
+its replies here and gives the event loop a step every :data:`PIPELINE_STEP` commands.
 """
 
 from __future__ import annotations
@@ -239,7 +236,7 @@ def unobserved(client: object) -> bool:
     """Nothing watches ``client``'s commands on redis-py's way: its ``execute_command`` and
     ``evalsha`` are redis-py's own (not wrapped or overridden: tracing, instrumentation, a
     subclass, a test), and redis-py's own metrics are off. (Only then may the library's script
-    calls skip that way — on a ``RedisCluster`` client too, for its nodes.)"""
+    calls skip that way.)"""
     cls: Any = type(client)
     if not (_redis_own(cls.execute_command) and _redis_own(cls.evalsha)):
         return False

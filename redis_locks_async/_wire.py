@@ -86,7 +86,6 @@ __all__ = (
     "forget_foreign",
     "run_pipeline",
     "run_script",
-    "unobserved",
 )
 
 TORN_DOWN: Final = (AttributeError, TypeError)
@@ -174,13 +173,12 @@ class FastPool:
             loading = self._bulk((b"EVAL", code, len(keys), *keys))
             return b"*%d\r\n%b%b" % (3 + len(keys) + len(args), loading, self._bulk(args))
         head = self.heads.get((sha, keys))
-        if head is None and not cache:
-            head = self._bulk((b"EVALSHA", sha.encode("ascii"), len(keys), *keys))
-        elif head is None:
-            if len(self.heads) >= _HEADS_MAX:
-                self.heads.clear()
-            command = (b"EVALSHA", sha.encode("ascii"), len(keys), *keys)  # ASCII, as redis-py
-            head = self.heads[(sha, keys)] = self._bulk(command)
+        if head is None:
+            head = self._bulk((b"EVALSHA", sha.encode("ascii"), len(keys), *keys))  # as redis-py
+            if cache:
+                if len(self.heads) >= _HEADS_MAX:
+                    self.heads.clear()
+                self.heads[(sha, keys)] = head
         return b"*%d\r\n%b%b" % (3 + len(keys) + len(args), head, self._bulk(args))
 
     def _bulk(self, parts: Args) -> bytes:
@@ -232,18 +230,6 @@ def _metrics_on() -> bool:
     return getattr(_recorder, "_async_metrics_collector", None) is not None
 
 
-def unobserved(client: object) -> bool:
-    """Nothing watches ``client``'s commands on redis-py's way: its ``execute_command`` and
-    ``evalsha`` are redis-py's own (not wrapped or overridden: tracing, instrumentation, a
-    subclass, a test), and redis-py's own metrics are off. (Only then may the library's script
-    calls skip that way.)"""
-    cls: Any = type(client)
-    if not (_redis_own(cls.execute_command) and _redis_own(cls.evalsha)):
-        return False
-    own = client.__dict__
-    return not ("execute_command" in own or "evalsha" in own or _metrics_on())
-
-
 def fast_pool(client: object) -> FastPool | None:
     """How :func:`run_script` may reach ``client``'s server, or ``None`` (redis-py's way).
 
@@ -254,7 +240,11 @@ def fast_pool(client: object) -> FastPool | None:
         return None
     if client.connection is not None:  # single_connection_client
         return None
-    if not unobserved(client):
+    cls = type(client)
+    if not (_redis_own(cls.execute_command) and _redis_own(cls.evalsha)):
+        return None
+    own = client.__dict__
+    if "execute_command" in own or "evalsha" in own or _metrics_on():
         return None
     pool = client.connection_pool
     fast = getattr(pool, _FAST, _UNKNOWN)
@@ -278,9 +268,8 @@ def fast_batches(client: object) -> FastPool | None:
     return fast
 
 
-async def _exchange(
-    conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None
-) -> object:
+async def _ready(conn: Any) -> None:
+    """``conn`` connected (and health-checked, if its pool asks) on the running loop."""
     # Opened under an earlier event loop (a client used under one asyncio.run after another):
     # its first read would fail, after the command was sent. A new one instead.
     forget_foreign(conn, asyncio.get_running_loop())
@@ -291,6 +280,12 @@ async def _exchange(
         await conn.connect_check_health(check_health=True, retry_socket_connect=False)
     elif conn.health_check_interval:
         await conn.check_health()
+
+
+async def _exchange(
+    conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None
+) -> object:
+    await _ready(conn)
     packed = fast.pack(sha, keys, args, code) if fast.raw else None
     try:
         if packed is not None:
@@ -450,11 +445,7 @@ async def run_pipeline(fast: FastPool, calls: Sequence[tuple[str, Keys, Args]]) 
 async def _pipelined(
     conn: Any, fast: FastPool, calls: Sequence[tuple[str, Keys, Args]]
 ) -> list[object]:
-    forget_foreign(conn, asyncio.get_running_loop())
-    if not conn.is_connected:
-        await conn.connect_check_health(check_health=True, retry_socket_connect=False)
-    elif conn.health_check_interval:
-        await conn.check_health()
+    await _ready(conn)
     packed: list[bytes] = []
     for start in range(0, len(calls), PIPELINE_STEP):
         if start:

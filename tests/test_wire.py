@@ -10,6 +10,7 @@ import gc
 import itertools
 import re
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -399,6 +400,40 @@ async def _batch_of(client: aioredis.Redis, name: str, count: int) -> list[tuple
     return [(sha, (key,), (60_000,)) for key in keys]
 
 
+@contextlib.asynccontextmanager
+async def _stepped_reads(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, list[int]]]:
+    """A client whose every reply read is noted with the count of event-loop steps another task
+    has taken so far (a ticker that does nothing but step): equal counts in a row are replies
+    read in one stretch of the loop. The client is closed on the way out."""
+    ticks = 0
+    seen: list[int] = []
+
+    class Observed(aioredis.Connection):
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            reply = await super().read_response(*args, **kwargs)
+            seen.append(ticks)
+            return reply
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    client = aioredis.Redis.from_url(redis_url, connection_class=Observed)
+    other = asyncio.create_task(ticker())
+    try:
+        yield client, seen
+    finally:
+        other.cancel()
+        await client.aclose()
+
+
+def _longest_stretch(seen: list[int]) -> int:
+    """The most replies :func:`_stepped_reads` saw read in one stretch of the event loop."""
+    return max(len(list(group)) for _, group in itertools.groupby(seen))
+
+
 async def test_a_batch_is_one_request_whose_replies_come_in_order(
     redis_url: str, name: str
 ) -> None:
@@ -435,34 +470,13 @@ async def test_a_long_batch_lets_the_event_loop_run(redis_url: str, name: str) -
     and parses every reply, without giving the event loop a step — 1,000 renewals held every
     other task of the process for one long stretch. Now other tasks run at least once per
     ``PIPELINE_STEP`` replies read."""
-    ticks = 0
-    seen: list[int] = []  # the tick count at each reply read
-
-    class Observed(aioredis.Connection):
-        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
-            reply = await super().read_response(*args, **kwargs)
-            seen.append(ticks)
-            return reply
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0)
-            ticks += 1
-
-    client = aioredis.Redis.from_url(redis_url, connection_class=Observed)
-    other = asyncio.create_task(ticker())
-    try:
+    async with _stepped_reads(redis_url) as (client, seen):
         fast = fast_pool(client)
         assert fast is not None
         calls = await _batch_of(client, name, 1_000)
         seen.clear()
         assert await run_pipeline(fast, calls) == [1] * 1_000
-        runs = [len(list(group)) for _, group in itertools.groupby(seen)]
-        assert max(runs) <= PIPELINE_STEP, runs
-    finally:
-        other.cancel()
-        await client.aclose()
+        assert _longest_stretch(seen) <= PIPELINE_STEP
 
 
 async def test_a_batch_cancelled_with_replies_owed_leaves_none_behind(
@@ -489,36 +503,14 @@ async def test_a_batch_cancelled_with_replies_owed_leaves_none_behind(
 async def test_the_lease_keeper_lets_the_event_loop_run(redis_url: str, name: str) -> None:
     """The lease keeper's batches take the stepping way (:func:`run_pipeline`): 300 leases
     renewed together never have their replies read in one stretch of the event loop."""
-    ticks = 0
-    seen: list[int] = []
-
-    class Observed(aioredis.Connection):
-        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
-            reply = await super().read_response(*args, **kwargs)
-            seen.append(ticks)
-            return reply
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0)
-            ticks += 1
-
-    client = aioredis.Redis.from_url(redis_url, connection_class=Observed)
-    other = asyncio.create_task(ticker())
-    locks = [Lock(client, f"{name}:{index}", lease=0.9) for index in range(300)]
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            for lock in locks:
-                await stack.enter_async_context(lock)
-            seen.clear()
-            await asyncio.sleep(0.7)  # every lease renewed at least once (every 0.3 s)
-            assert len(seen) >= 300 and all(lock.owned() for lock in locks)
-            runs = [len(list(group)) for _, group in itertools.groupby(seen)]
-            assert max(runs) <= PIPELINE_STEP, runs
-    finally:
-        other.cancel()
-        await client.aclose()
+    async with _stepped_reads(redis_url) as (client, seen), contextlib.AsyncExitStack() as stack:
+        locks = [Lock(client, f"{name}:{index}", lease=0.9) for index in range(300)]
+        for lock in locks:
+            await stack.enter_async_context(lock)
+        seen.clear()
+        await asyncio.sleep(0.7)  # every lease renewed at least once (every 0.3 s)
+        assert len(seen) >= 300 and all(lock.owned() for lock in locks)
+        assert _longest_stretch(seen) <= PIPELINE_STEP
 
 
 async def test_renewals_of_a_wrapped_pipeline_take_redis_pys_way(

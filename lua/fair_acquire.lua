@@ -2,6 +2,9 @@
 -- handed it (redis-locks-async `FairLock`; release, re-entry and renewal are Lock's scripts).
 --
 -- KEYS[1..4]  lock, meta, queue, done                      -- as in lock_acquire.lua
+-- KEYS[5]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  owner id of this acquisition (random, never reused)
 -- ARGV[2]  lease in milliseconds (> 0)
 -- ARGV[3]  mode: "try"   take the lock if it is free and no live waiter is registered ahead;

@@ -6,6 +6,9 @@
 -- KEYS[1]  the lock: a Lock/FairLock HASH (owner, token, "e:<id>"), a ReadWriteLock HASH
 --          (w, wt, wx, we, "r:<owner>"), or a Semaphore ZSET of holders (owner -> expiry ms)
 -- KEYS[2]  the meta HASH of that kind (fence; a semaphore's "t:<owner>" tokens)
+-- KEYS[3]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  kind KEYS[1] must be: "lock", "rw" or "sem"
 -- ARGV[2]  channel to announce on; ARGV[3] "1" to announce with SPUBLISH, else PUBLISH
 -- returns  {n, owner1, token1, ..., ownerN, tokenN}  KEYS[1] was deleted; these n holds were

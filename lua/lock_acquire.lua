@@ -6,6 +6,9 @@
 --          last release), and "w:<owner>" waiter registrations
 -- KEYS[3]  queue: a ZSET of registered waiters, owner -> arrival (server microseconds)
 -- KEYS[4]  done: a ZSET of owners that gave up (see prelude.lua, mark_done)
+-- KEYS[5]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  owner id of this acquisition (random, never reused)
 -- ARGV[2]  lease in milliseconds (> 0)
 -- ARGV[3]  mode: "try"   take the lock if it is free;

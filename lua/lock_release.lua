@@ -2,6 +2,9 @@
 -- to the next live waiter (redis-locks-async `Lock`).
 --
 -- KEYS[1..4]  lock, meta, queue, done                     -- as in lock_acquire.lua
+-- KEYS[5]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  owner id
 -- ARGV[2]  mode: "entry"    drop the re-entry ARGV[3] (the lock stays held);
 --                 "final"    the owner's last hold: free the lock or hand it over;

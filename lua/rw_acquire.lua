@@ -5,6 +5,9 @@
 --          reader; see prelude.lua, rw_state); its TTL covers the longest hold
 -- KEYS[2]  meta HASH (fence, last, "w:<owner>" registrations with their role)
 -- KEYS[3]  queue ZSET (registered waiters by arrival), KEYS[4] done ZSET   -- as for Lock
+-- KEYS[5]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  owner id of this acquisition (random, never reused)
 -- ARGV[2]  side: "r" (read) or "w" (write)
 -- ARGV[3]  lease in milliseconds (> 0)

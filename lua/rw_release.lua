@@ -2,6 +2,9 @@
 -- lock to what the front of the line may have now (redis-locks-async `ReadWriteLock`).
 --
 -- KEYS[1..4]  lock, meta, queue, done                     -- as in rw_acquire.lua
+-- KEYS[5]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  owner id; ARGV[2] side "r" or "w"
 -- ARGV[3]  mode: "entry" (drop re-entry ARGV[4]), "final" (the side's last hold), or
 --          "abandon" (give up everything ARGV[1] reached, and fence its late attempts)

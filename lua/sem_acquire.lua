@@ -5,6 +5,9 @@
 -- KEYS[2]  meta HASH: permits (the count, set by the first user or set_permits), fence,
 --          last (owner of the last release), "t:<owner>" tokens, "w:<owner>" registrations
 -- KEYS[3]  queue ZSET (registered waiters by arrival), KEYS[4] done ZSET   -- as for Lock
+-- KEYS[5]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  owner id of this acquisition (random, never reused): one permit
 -- ARGV[2]  lease in milliseconds; ARGV[3] mode "try" or "wait"
 -- ARGV[4]  registration grace in milliseconds; ARGV[5] claim window in milliseconds

@@ -1,6 +1,9 @@
 -- sem_admin.lua: read or change a semaphore's permit count (redis-locks-async `Semaphore`).
 --
 -- KEYS[1..4]  holders, meta, queue, done                   -- as in sem_acquire.lua
+-- KEYS[5]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  "set": record ARGV[2] as the permit count and hand newly free permits to the front
 --          of the line; "free": how many permits are free now (read-only)
 -- ARGV[2]  permit count (>= 1) for "set", the caller's count (when none is recorded) for "free"

@@ -2,6 +2,9 @@
 -- permits to the front of the line (redis-locks-async `Semaphore`).
 --
 -- KEYS[1..4]  holders, meta, queue, done                   -- as in sem_acquire.lua
+-- KEYS[5]  guard: never written (_keys.py). A cluster node migrating the slot finds it missing
+--          and refuses the script before it runs (TRYAGAIN), instead of failing it half-way
+--          at a key the script itself emptied
 -- ARGV[1]  owner id (one permit)
 -- ARGV[2]  mode: "final" (give the permit back), "abandon" (give up everything ARGV[1]
 --          reached: its registration, a permit taken or handed over meanwhile; fence its late

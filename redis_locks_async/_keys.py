@@ -22,6 +22,17 @@ therefore bytes. Channels come back in every pub/sub message, which a client bui
 ``decode_responses=True`` decodes as UTF-8, so channels stay text: ``P(name) + ":" + kind``
 (channels live in their own namespace, so only injectivity among channels matters).
 
+The **guard** key (``P(name) + b"\\xffguard"``) is never written: the scripts that may delete or
+empty a key declare it (their last ``KEYS``) so that a cluster node whose slot is being migrated
+refuses them before they run (``TRYAGAIN``: one of a multi-key command's keys is missing there),
+which the client retries like any migration window. Without it such a script ran on the
+migrating node when all its keys were still there, and the first command on a key it had itself
+deleted or emptied earlier in the run (``DEL`` then ``HSET`` of the lock in a hand-over, the
+last waiter's ``ZREM`` then ``ZRANGE`` of the queue) failed the script half-way — a missing key
+in a migrating slot — with its earlier writes kept: a release that freed the lock without
+handing it over, a ``FairLock`` line that lost its head. It is not an auxiliary key
+(:attr:`LockKeys.aux_keys`): nothing ever stores it.
+
 Names never reach Lua source, only ``KEYS``/``ARGV``.
 """
 
@@ -107,6 +118,7 @@ class LockKeys:
     queue: bytes
     done: bytes
     channel: str
+    guard: bytes
 
     @classmethod
     def for_name(cls, name: str, kind: str = "lock") -> LockKeys:
@@ -126,12 +138,13 @@ class LockKeys:
             queue=aux + b"queue",
             done=aux + b"done",
             channel=prefix + ":" + kind,
+            guard=aux + b"guard",
         )
 
     @property
-    def script_keys(self) -> tuple[str, bytes, bytes, bytes]:
-        """The ``KEYS`` of the lock scripts, in their contract order."""
-        return (self.name, self.meta, self.queue, self.done)
+    def script_keys(self) -> tuple[str, bytes, bytes, bytes, bytes]:
+        """The ``KEYS`` of the lock scripts, in their contract order (the guard last)."""
+        return (self.name, self.meta, self.queue, self.done, self.guard)
 
     @property
     def aux_keys(self) -> tuple[bytes, bytes, bytes]:

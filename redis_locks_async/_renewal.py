@@ -22,9 +22,14 @@ A renewal succeeds only if the owner id still holds the key (a token-checked scr
 held" means the lease is **lost**. A transient error (connection refused, timeout, a demoted
 master) is retried with a growing back-off until the lease's local expiry passes; then the lease
 is lost. Every round trip is bounded by the earliest local expiry in its batch, so a silent
-network never keeps a lease "held" past its end. A client whose connection pool is exhausted
-(``max_connections`` reached in a burst of acquisitions) sent nothing: that is no failure, and
-the keeper tries again every 10 ms, as the acquisitions competing with it do.
+network never keeps a lease "held" past its end. On a cluster the nodes' batches go side by
+side, each node's in a task of its own judged as its answers come in, while the keeper goes on
+with the others: a stopped node costs the holds it serves, not the others (their renewals,
+answered, were once left unjudged until its round trip timed out, and every lease of the client
+ended locally while the healthy nodes had renewed it). A client whose
+connection pool is exhausted (``max_connections`` reached in a burst of acquisitions) sent
+nothing: that is no failure, and the keeper tries again every 10 ms, as the acquisitions
+competing with it do.
 
 A lease whose end passes while its renewal is still unanswered is lost **at its end**, not when
 the round trip returns or times out: a watchdog timer, armed at the earliest local expiry of the
@@ -125,7 +130,8 @@ class LeaseKeeper:
         self._wake_at: float | None = None  # when the sleeping keeper wakes by itself
         self._watch: asyncio.TimerHandle | None = None  # the expiry watchdog (module docstring)
         self._watch_at = math.inf
-        self._failures = 0
+        self._failures: dict[Hashable, int] = {}  # failed round trips in a row, per node
+        self._rounds: dict[Hashable, asyncio.Task[None]] = {}  # cluster nodes' renewals out
         self._closed = False  # a cancellation swallowed by redis-py must not keep it running
         # Where this keeper's beats fall (module docstring). Not a secret: it only spreads the
         # renewals of different processes over time.
@@ -233,21 +239,35 @@ class LeaseKeeper:
         except LockError:
             return None
 
-    def _batches(self, due: list[Hold]) -> list[list[Hold]]:
-        """``due`` in batches for one round trip per node each: per node, soonest expiry first
-        (a round trip is bounded by its batch's earliest expiry, so holds close to the end of
-        their lease never shorten the others' bound), in the fewest pieces of equal size."""
+    def _batches(self, due: list[Hold]) -> dict[Hashable, list[list[Hold]]]:
+        """``due`` per node, in batches for one round trip each: soonest expiry first (a round
+        trip is bounded by its batch's earliest expiry, so holds close to the end of their lease
+        never shorten the others' bound), in the fewest pieces of equal size."""
         by_node: dict[Hashable, list[Hold]] = {}
         for hold in due:
             by_node.setdefault(self._node(hold), []).append(hold)
-        pieces = [_even_chunks(sorted(holds, key=_expiry)) for holds in by_node.values()]
-        if len(pieces) == 1:
-            return pieces[0]
-        batches: list[list[Hold]] = [[] for _ in range(max(len(chunks) for chunks in pieces))]
-        for chunks in pieces:
-            for batch, chunk in zip(batches, chunks, strict=False):
-                batch.extend(chunk)
-        return batches
+        return {node: _even_chunks(sorted(holds, key=_expiry)) for node, holds in by_node.items()}
+
+    async def _renew_in_turn(self, node: Hashable, batches: list[list[Hold]]) -> None:
+        """Renew one node's ``batches``, one round trip after the other, each judged as soon as
+        its answers are in."""
+        for batch in batches:
+            # A step of the loop per pipeline built, and per answer judged: 10,000 renewals
+            # never hold the event loop for more than one pipeline's work.
+            await asyncio.sleep(0)
+            await self._renew(batch, node)
+
+    async def _round(self, node: Hashable, batches: list[list[Hold]]) -> None:
+        """One cluster node's renewals, in a task of their own (module docstring); the keeper
+        is woken when they are judged, for that node's holds due meanwhile."""
+        try:
+            await self._renew_in_turn(node, batches)
+        finally:
+            self._rounds.pop(node, None)
+            kick = self._kick
+            if kick is not None and not kick.done():
+                self._wake_at = None
+                kick.set_result(None)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -273,12 +293,22 @@ class LeaseKeeper:
                 # A lease that is not renewed is the watchdog's alone (its timer marks it lost
                 # at its end): the keeper does not wake for it, so acquiring and releasing one
                 # costs the keeper nothing.
+            if due and self._rounds:
+                # A node whose round is out: its holds due wait for it (it wakes the keeper).
+                due = [hold for hold in due if self._node(hold) not in self._rounds]
             if due:
-                for batch in self._batches(due):
-                    # A step of the loop per pipeline built, and per answer judged: 10,000
-                    # renewals never hold the event loop for more than one pipeline's work.
-                    await asyncio.sleep(0)
-                    await self._renew(batch)
+                nodes = self._batches(due)
+                if len(nodes) == 1 and None in nodes:
+                    # One server (standalone, Sentinel; a RedLock's masters answer as one):
+                    # its batches in turn, here.
+                    await self._renew_in_turn(None, nodes[None])
+                else:
+                    # Cluster nodes side by side, each in a task judged as its own answers
+                    # come: a stopped node must not hold up the others' renewals (their
+                    # answers were once left unjudged until its round trip timed out, and
+                    # their leases ended locally while their servers had renewed them).
+                    for node, batches in nodes.items():
+                        self._rounds[node] = self._spawn(self._round(node, batches))
                 continue
             if next_at == math.inf:
                 # Nothing to renew: linger before exiting, so a client that acquires again
@@ -297,7 +327,7 @@ class LeaseKeeper:
             await asyncio.wait((self._kick,), timeout=max(0.0, next_at - now))
             self._wake_at = None
 
-    async def _renew(self, due: list[Hold]) -> None:
+    async def _renew(self, due: list[Hold], node: Hashable) -> None:
         # Earlier round trips of the batch took time: a hold released or lost meanwhile is
         # not renewed.
         due = [hold for hold in due if hold.live and hold.wants_renewal and hold in self._holds]
@@ -305,6 +335,7 @@ class LeaseKeeper:
             return
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
+        failures = self._failures.get(node, 0)
         topology = self._topology
         leases = [hold.lease for hold in due]
         # A hold made shorter without a word (Hold.shortened) has its renewal announce it.
@@ -337,10 +368,10 @@ class LeaseKeeper:
                 now = loop.time()
             if isinstance(result, NoScriptError):
                 reload[script.sha] = script.code
-            failed = self.judge(hold, result, sent_at, now, lease) or failed
+            failed = self.judge(hold, result, sent_at, now, lease, failures) or failed
             if mark and hold.shortened == mark and not isinstance(result, BaseException):
                 hold.shortened = 0.0  # its renewal (which announces a shortening) has run
-        self._failures = self._failures + 1 if failed else 0
+        self._failures[node] = failures + 1 if failed else 0
         for hold in due:
             if hold.live:
                 self._arm(hold.expires_at)  # a crossed renewal may have shortened it
@@ -351,10 +382,17 @@ class LeaseKeeper:
                 logger.debug("script reload failed: %s", exc)
 
     def judge(
-        self, hold: Hold, result: object, sent_at: float, now: float, lease: float | None = None
+        self,
+        hold: Hold,
+        result: object,
+        sent_at: float,
+        now: float,
+        lease: float | None = None,
+        failures: int = 0,
     ) -> bool:
         """Act on ``hold``'s renewal ``result`` (sent at ``sent_at`` with ``lease``, default
-        the hold's); ``True`` when it failed in a way worth retrying."""
+        the hold's; ``failures``: the round trips to its node that failed in a row before, for
+        the back-off); ``True`` when it failed in a way worth retrying."""
         if not hold.live or hold not in self._holds:
             return False
         if not isinstance(result, (NoScriptError, MaxConnectionsError)) and (
@@ -386,7 +424,7 @@ class LeaseKeeper:
             # within milliseconds, not backed off from as from a failing server.
             self._wait_for_pool(hold, result, now)
         elif isinstance(result, BaseException) and self._topology.transient(result):
-            self._retry_or_lose(hold, result, now)
+            self._retry_or_lose(hold, result, now, failures)
             return True
         elif isinstance(result, BaseException):
             self._lose(hold, f"renewal failed: {result}")
@@ -422,12 +460,12 @@ class LeaseKeeper:
             return
         hold.renew_at = min(now + _POOL_WAIT, hold.expires_at)
 
-    def _retry_or_lose(self, hold: Hold, exc: BaseException, now: float) -> None:
+    def _retry_or_lose(self, hold: Hold, exc: BaseException, now: float, failures: int) -> None:
         if now >= hold.expires_at:
             self._lose(hold, f"renewal failed until the lease ended: {exc!r}")
             return
         logger.info("renewing %r failed (%r); retrying", hold.name, exc)
-        delay = _BACKOFF[min(self._failures, len(_BACKOFF) - 1)]
+        delay = _BACKOFF[min(failures, len(_BACKOFF) - 1)]
         retry_at = now + min(delay, (hold.expires_at - now) / 2)
         hold.renew_at = retry_at
 
@@ -439,6 +477,9 @@ class LeaseKeeper:
             self._watch.cancel()
             self._watch = None
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        tasks = [*self._rounds.values(), *([] if task is None else [task])]
+        self._rounds.clear()
+        for each in tasks:
+            each.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import functools
 import gc
+import os
+import signal
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -356,6 +358,51 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
             await client.aclose()
 
 
+async def test_a_stopped_primary_costs_only_the_holds_it_serves(server_binary: Path) -> None:
+    """Regression (attack pass, stop 26): with one primary SIGSTOPped past a renewal, every
+    lease of the client was signalled lost — also those on the running primaries, which had
+    renewed them. Two causes: the keeper judged a batch over all nodes only once every node
+    had answered (the stopped one: at its bound, after the leases had ended locally); and a
+    node that answered ``NOSCRIPT`` (the renewal script not loaded there yet, or flushed) had
+    it loaded through the cluster client, which sends ``SCRIPT LOAD`` to every primary and
+    waited for the stopped one. Now each node's renewals are judged on their own, and a script
+    is loaded on the node that lacks it."""
+    with running_cluster(server_binary, primaries=3) as nodes:
+        first = nodes[0]
+        client = RedisCluster(host=first.host, port=first.port)
+        await client.initialize()
+        try:
+            lost: list[str] = []
+            locks = [
+                Lock(client, f"stopped:{i}", lease=1.2, on_lost=lambda gone: lost.append(gone.name))
+                for i in range(30)
+            ]
+            for lock in locks:
+                assert await lock.acquire(blocking=False)
+            victim = nodes[0]
+            on_victim = {
+                lock.name for lock in locks if _process_of(nodes, client, lock.name) is victim
+            }
+            assert 0 < len(on_victim) < len(locks)
+            for node in nodes:  # every node answers the next renewals NOSCRIPT
+                _admin(node, "SCRIPT", "FLUSH")
+            assert victim.pid is not None
+            os.kill(victim.pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(1.6)  # past a lease, short of cluster-node-timeout (2 s)
+            finally:
+                os.kill(victim.pid, signal.SIGCONT)
+            healthy = [lock for lock in locks if lock.name not in on_victim]
+            assert not [name for name in lost if name not in on_victim], lost
+            assert all(lock.owned() for lock in healthy)
+            assert set(lost) == on_victim  # signalled: their node never answered in time
+            for lock in healthy:
+                assert await lock.locked()
+                await lock.release()
+        finally:
+            await client.aclose()
+
+
 async def test_waiters_follow_their_lock_to_a_promoted_replica(server_binary: Path) -> None:
     """Regression (known limit of the previous release, then an attack pass on its fix): when
     the primary of a held lock died and its replica was promoted, the waiters stayed on the
@@ -416,6 +463,7 @@ def _migrate_slot(
     *,
     source_first: float | None = None,
     split: bool = False,
+    move_first: bool = True,
 ) -> None:
     """Move ``slot`` from ``source`` to ``target`` the way a live resharding does — IMPORTING /
     MIGRATING, ``MIGRATE`` its keys, then ``SETSLOT NODE`` everywhere — keeping the window
@@ -423,7 +471,8 @@ def _migrate_slot(
     thread). ``source_first``: tell the source of its new owner that many seconds before the
     others (redis-cli tells the target first). ``split``: move only the first key before the
     window, the rest after it (a resharding of a slot with many keys: scripts that touch
-    keys on both nodes are refused with ``TRYAGAIN`` meanwhile)."""
+    keys on both nodes are refused with ``TRYAGAIN`` meanwhile). ``move_first=False``: move no
+    key before the window (the slot MIGRATING with all its keys still on the source)."""
     import redis as sync_redis
 
     def connect(node: ServerProcess) -> Any:
@@ -435,7 +484,7 @@ def _migrate_slot(
     dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
     src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
     keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
-    if keys:
+    if keys and move_first:
         now = keys[:1] if split else keys
         src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *now)
     time.sleep(window)
@@ -745,6 +794,97 @@ async def test_a_release_in_a_slot_migration_window_frees_the_lock_after_it(
     assert await rival.acquire(timeout=5.0)
     assert loop.time() - closed < 2.5, "the lock stayed held after its release"
     await rival.release()
+
+
+def _contents(node: ServerProcess, keys: tuple[str | bytes, ...]) -> dict[object, object]:
+    """What ``node`` stores under ``keys`` (TTLs left out; a key missing in a migrating slot
+    reads as ``None``: the node answers ``ASK``)."""
+    import redis as sync_redis
+
+    admin = sync_redis.Redis(host=node.host, port=node.port, socket_timeout=5)
+    seen: dict[object, object] = {}
+    try:
+        for key in keys:
+            try:
+                kind = admin.type(key).decode()  # type: ignore[union-attr]
+                if kind == "hash":
+                    seen[key] = admin.hgetall(key)
+                elif kind == "zset":
+                    seen[key] = admin.zrange(key, 0, -1, withscores=True)
+                else:
+                    seen[key] = kind
+            except RedisError:  # ASK: not on this node
+                seen[key] = None
+    finally:
+        admin.close()
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "write", "semaphore"])
+async def test_a_release_in_a_migration_window_changes_nothing_half_way(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster], kind: str
+) -> None:
+    """Regression (stop 25's helper, reproduced in stop 26): with the lock's slot MIGRATING
+    and all of its keys still on the source, the release script ran there — and failed half
+    way ("Script attempted to access a non local key") at the first command on a key it had
+    itself deleted or emptied (the lock's DEL, then its HSET for the hand-over; the last
+    waiter's ZREM, then a ZRANGE of the queue), its earlier writes kept: the lock freed but
+    handed to nobody, the caller told ``LockError``, a FairLock's head out of its place (the
+    second waiter was served first). Every script that may empty a key now declares one that
+    never exists: the migrating node refuses it before it runs (``TRYAGAIN``), and the release,
+    retried in the background, hands the lock over once the slot has moved."""
+    a, b = cluster
+    name = f"window-half:{kind}"
+    lease = 30.0  # no renewal rewrites a key while the test compares them
+
+    def make(client: RedisCluster, side: str = "w") -> Any:
+        if kind == "lock":
+            return Lock(client, name, lease=lease)
+        if kind == "fair":
+            return FairLock(client, name, lease=lease)
+        if kind == "semaphore":
+            return Semaphore(client, name, 1, lease=lease)
+        rw = ReadWriteLock(client, name, lease=lease)
+        return rw.write if side == "w" else rw.read
+
+    layout = {"lock": "lock", "fair": "lock", "write": "rw", "semaphore": "sem"}[kind]
+    keys = LockKeys.for_name(name, layout)
+    source = _process_of(cluster_nodes, a, name)
+    target = next(p for p in cluster_nodes if p is not source)
+    holder = make(a)
+    assert await holder.acquire(timeout=5.0)
+    assert not await make(b, "r").acquire(timeout=0.2)  # gave up: the `done` key exists
+    order: list[int] = []
+
+    async def wait(index: int) -> None:
+        lock = make(b, "r")
+        assert await lock.acquire(timeout=30.0)
+        order.append(index)
+        await lock.release()
+
+    waiters = []
+    for index in range(2 if kind == "fair" else 1):
+        waiters.append(asyncio.create_task(wait(index)))
+        await _introspect.until_registered(a, name, index + 1, layout)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    migrate = functools.partial(
+        _migrate_slot, cluster_nodes, a.keyslot(name), source, target, 2.0, move_first=False
+    )
+    migrating = loop.run_in_executor(None, migrate)
+    try:
+        await asyncio.sleep(0.3)  # inside the window: every key still on the source
+        watched = (keys.name, *keys.aux_keys)
+        before = _contents(source, watched)
+        assert None not in before.values()
+        try:
+            await holder.release()
+        except LockError as exc:  # "retried in the background": the window is still open
+            assert "non local key" not in str(exc)
+        assert _contents(source, watched) == before, "a script ran half-way"
+    finally:
+        await migrating
+    await asyncio.wait_for(asyncio.gather(*waiters), 10.0)
+    assert order == sorted(order), order  # a FairLock's line kept its order
 
 
 async def test_command_line_on_a_cluster(

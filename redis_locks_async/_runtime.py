@@ -42,7 +42,7 @@ from ._notify import Hub, SubscriptionHub, Subscriptions, subscription_refusal
 from ._parking import ParkingLot, Waiter
 from ._renewal import LeaseKeeper
 from ._scripts import Call
-from ._wire import drop_stale_connections, fast_batches, run_pipeline
+from ._wire import drop_stale_connections, fast_batches, let_go, run_pipeline
 
 __all__ = (
     "ClientRef",
@@ -545,7 +545,8 @@ _CLOSED: weakref.WeakKeyDictionary[Any, Callable[[Any], Awaitable[None]]] = (
 async def _within(coro: Coroutine[Any, Any, Any], seconds: float, clients: Sequence[Any]) -> None:
     """Run ``coro`` — a clean-up after the close — for at most ``seconds``; then close again
     those of ``clients`` the user closed: the clean-up connected them anew (redis-py lets a
-    closed client reconnect), and nothing else would close those connections."""
+    closed client reconnect), and nothing else would close those connections — also those of a
+    pool the application passed in and closed itself meanwhile (:func:`._wire.let_go`)."""
     try:
         await asyncio.wait_for(coro, seconds)
     except asyncio.TimeoutError:
@@ -560,6 +561,7 @@ async def _within(coro: Coroutine[Any, Any, Any], seconds: float, clients: Seque
             if close is not None:
                 try:
                     await close(client)
+                    await let_go(client)
                 except Exception as exc:  # closing what is broken: nothing more to do
                     logger.debug("closing %r again failed: %r", client, exc)
 

@@ -254,6 +254,22 @@ def fast_pool(client: object) -> FastPool | None:
     return fast  # type: ignore[return-value]
 
 
+async def let_go(client: object) -> None:
+    """After a clean-up that ran past the user's close of ``client``: its lane gives its
+    connection back, and a pool the client does not own (``Redis(connection_pool=...)``, which
+    redis-py's close leaves open) has its idle connections closed. The clean-up connected them
+    anew — maybe after the application had closed that pool itself — and nothing else would
+    close them; a pool still in use elsewhere reconnects them on their next use."""
+    if not isinstance(client, Redis):
+        return
+    pool = client.connection_pool
+    lane = getattr(getattr(pool, _FAST, None), "lane", None)
+    if isinstance(lane, Lane):
+        lane.retire()
+    if not client.auto_close_connection_pool:
+        await pool.disconnect(inuse_connections=False)
+
+
 def fast_batches(client: object) -> FastPool | None:
     """How :func:`run_pipeline` may reach ``client``'s server, or ``None`` (redis-py's
     pipeline): as :func:`fast_pool`, and only while the client's ``pipeline`` and the

@@ -1770,6 +1770,46 @@ async def test_an_idle_subscription_hub_keeps_no_connection(
         await pool.disconnect()
 
 
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_clean_ups_after_the_close_leave_no_connection_in_the_applications_pool(
+    fault_proxy: FaultProxy, connect: Connect, name: str, blocking: bool
+) -> None:
+    """Regression (attack pass, stop 26): an application that passes its own pool
+    (``Redis(connection_pool=...)``) and closes the client, then the pool, while acquisitions
+    are in flight: the library's clean-ups after the close (undoing what those acquisitions
+    may have taken) connected some of the pool's connections anew, and closing the client
+    again — all the library did afterwards — leaves a pool the client does not own open (3
+    connections open for good). Once its clean-ups are done, the library closes the idle
+    connections of such a pool, and gives its lane's connection back first."""
+    admin = connect()
+    label = f"owned-{secrets.token_hex(4)}"
+    pool_class = aioredis.BlockingConnectionPool if blocking else aioredis.ConnectionPool
+    pool = pool_class.from_url(fault_proxy.url, client_name=label, max_connections=3)
+    client = aioredis.Redis(connection_pool=pool)
+
+    async def mine() -> list[dict[str, Any]]:
+        return [c for c in await admin.client_list() if c.get("name") == label]
+
+    async def hold(index: int) -> None:
+        async with Lock(client, f"{name}:{index}", lease=2.0):
+            await asyncio.sleep(3600)
+
+    await client.ping()
+    fault_proxy.delay(0.3)  # replies come late: the acquisitions are in flight at the close
+    holders = [asyncio.create_task(hold(index)) for index in range(20)]
+    await asyncio.sleep(0.1)
+    await client.aclose()
+    await pool.aclose()  # the application closes its own pool too
+    await asyncio.gather(*holders, return_exceptions=True)
+    fault_proxy.delay(0.0)
+    await asyncio.sleep(2.5)  # the clean-ups run for at most two seconds after the close
+    await until(lambda: _none_left(mine), what="the pool's connections to close", within=3.0)
+
+
+async def _none_left(mine: Callable[[], Awaitable[list[dict[str, Any]]]]) -> bool:
+    return not await mine()
+
+
 async def _no_subscriber(mine: Callable[[], Awaitable[list[dict[str, Any]]]]) -> bool:
     """No connection of ``mine`` is a pub/sub one (subscribed, or left after unsubscribing)."""
     pubsub = ("subscribe", "unsubscribe", "ping")

@@ -28,7 +28,9 @@
 --                              (also when nothing is held but a reader must let a registered
 --                              writer go first: the front of the line is then handed the lock
 --                              now — "g:..." announced, see prelude.lua, rw_admit — and ttl is
---                              its claim window)
+--                              its claim window); a reader kept out only by a registered
+--                              writer while readers hold ("wait") gets at most ARGV[6]: that
+--                              writer's death is announced by nothing
 --          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
 --          {-2, 1, 0, 0}       KEYS[1] is a hash of another kind of lock, or of no lock at all
 --                              (a field no read/write lock writes); nothing changed
@@ -114,6 +116,14 @@ if mode == 'wait' then
         redis.call('HSET', meta, 'R', '1')
     end
     register(meta, queue, me, now, lease, claim, grace, ttl, role)
+    if side == 'r' and not state.writer and (ttl < 0 or ttl > claim) then
+        -- Kept out only by a registered writer (writer preference) while readers hold: if that
+        -- writer's process dies, nothing announces it, and the readers' holds may go on for
+        -- long. The reader re-checks within a claim window — the dead-waiter bound — and
+        -- enters once the writer is found gone (rw_writer_waiting); one command per claim
+        -- window per waiting process, only while a writer waits behind readers.
+        return {0, now, 0, claim}
+    end
     return {0, now, 0, ttl}
 end
 return {0, 0, 0, ttl}

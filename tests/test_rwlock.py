@@ -286,6 +286,42 @@ class TestDeadWriterRegistration:
                 await asyncio.wait_for(proc.communicate(), 10)
 
 
+    async def test_a_reader_behind_a_writer_that_died_waiting_gets_in_while_readers_hold(
+        self, server: ServerProcess, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (F4 of stop 25's attack pass, fixed in stop 26): readers hold (renewed);
+        a writer registers behind them, and a reader behind the writer (writer preference).
+        The writer's process is SIGKILLed. No release comes and nothing announces the death,
+        so the reader slept until the readers' holds would end — a whole lease (30 s here),
+        again after every renewal of theirs. A reader kept out only by a registered writer
+        now re-checks within its claim window, and finds the writer gone."""
+        holder = HoldingTask(ReadWriteLock(client, name, lease=30.0).read)
+        assert await holder.wait_acquired() is not None
+        proc = await worker_process(server.url, name, "--lease", "30", "--kind", "rw-write", "wait")
+        reader: HoldingTask | None = None
+        try:
+            assert (await readline(proc)).split()[0] == "waiting"
+            await introspect.until_registered(client, name, 1, "rw")  # the writer
+            lock = ReadWriteLock(client, name, lease=30.0, claim_timeout=1.0).read
+            reader = HoldingTask(lock, timeout=30)
+            await introspect.until_registered(client, name, 2, "rw")
+            await asyncio.sleep(0.3)
+            assert not reader.acquired.done()  # writer preference: it waits
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            loop = asyncio.get_running_loop()
+            died = loop.time()
+            assert await reader.wait_acquired(within=10) is not None
+            assert loop.time() - died < 1.0 + 1.0, "the reader waited past its claim window"
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await asyncio.wait_for(proc.communicate(), 10)
+            if reader is not None:
+                await reader.end()
+            await holder.end()
+
+
 class TestProbeFindings:
     """Contract probe of SPEC §4/§6 S5 for ``ReadWriteLock`` (session 15)."""
 

@@ -533,7 +533,13 @@ def _server_of(topology: Topology) -> Hashable | None:
     host, port = kwargs.get("host"), kwargs.get("port")
     if not isinstance(host, str) or not isinstance(port, int):
         return None
+    host = host.lower().rstrip(".")
+    if host in _LOOPBACK:
+        host = "localhost"  # one machine's own server, however the client names it
     return (host, port, db)
+
+
+_LOOPBACK: Final = frozenset({"localhost", "127.0.0.1", "::1", "[::1]", "ip6-localhost"})
 
 
 # The clients the user closed -> their own close (what the hook wrapped, unbound).

@@ -259,15 +259,32 @@ async def let_go(client: object) -> None:
     connection back, and a pool the client does not own (``Redis(connection_pool=...)``, which
     redis-py's close leaves open) has its idle connections closed. The clean-up connected them
     anew — maybe after the application had closed that pool itself — and nothing else would
-    close them; a pool still in use elsewhere reconnects them on their next use."""
+    close them; a pool still in use elsewhere reconnects them on their next use.
+
+    Each is taken out of the pool while it closes, as if in use: redis-py's
+    ``disconnect(inuse_connections=False)`` closes them in tasks that start later, and another
+    client of a shared pool could take one meanwhile and have it closed under its command."""
     if not isinstance(client, Redis):
         return
-    pool = client.connection_pool
+    pool: Any = client.connection_pool
     lane = getattr(getattr(pool, _FAST, None), "lane", None)
     if isinstance(lane, Lane):
         lane.retire()
-    if not client.auto_close_connection_pool:
-        await pool.disconnect(inuse_connections=False)
+    available = getattr(pool, "_available_connections", None)
+    in_use = getattr(pool, "_in_use_connections", None)
+    if client.auto_close_connection_pool or not (
+        isinstance(available, list) and isinstance(in_use, set)
+    ):
+        return
+    idle = [conn for conn in available if conn.is_connected]
+    for conn in idle:
+        available.remove(conn)
+        in_use.add(conn)
+    for conn in idle:
+        try:
+            await conn.disconnect()
+        finally:
+            await pool.release(conn)
 
 
 def fast_batches(client: object) -> FastPool | None:

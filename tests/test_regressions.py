@@ -50,6 +50,7 @@ from redis_locks_async import (
     ReadWriteLock,
     Semaphore,
 )
+from redis_locks_async._wire import let_go
 from tests import _introspect as introspect
 from tests._workers import worker_process
 from tests.faultproxy import FaultProxy
@@ -1804,6 +1805,37 @@ async def test_clean_ups_after_the_close_leave_no_connection_in_the_applications
     fault_proxy.delay(0.0)
     await asyncio.sleep(2.5)  # the clean-ups run for at most two seconds after the close
     await until(lambda: _none_left(mine), what="the pool's connections to close", within=3.0)
+
+
+async def test_closing_one_client_of_a_shared_pool_leaves_the_others_commands_alone(
+    redis_url: str,
+) -> None:
+    """Regression (attack pass on the fix above, stop 26): closing the idle connections of the
+    application's pool with redis-py's ``disconnect(inuse_connections=False)`` closes them in
+    tasks that start later; another client of that pool took one meanwhile, and its command
+    failed ("Connection lost"; a lock of that client: ``LockError`` "Connection closed by
+    server" — 1 to 142 errors per close under load). Each connection is now taken out of the
+    pool while it closes."""
+    pool = aioredis.ConnectionPool.from_url(redis_url)
+    closed, other = aioredis.Redis(connection_pool=pool), aioredis.Redis(connection_pool=pool)
+    try:
+        await asyncio.gather(*(other.ping() for _ in range(5)))  # five idle connections
+        assert len(pool._available_connections) == 5  # type: ignore[attr-defined]
+        await closed.aclose()
+        letting_go = asyncio.create_task(let_go(closed))  # (what a late clean-up ends with)
+        await asyncio.sleep(0)  # it has begun
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        await letting_go
+        try:
+            assert conn.is_connected, "the other client's connection was closed under it"
+            await conn.send_command("PING")
+            assert await conn.read_response() == b"PONG"
+        finally:
+            await pool.release(conn)
+        assert await other.ping()
+    finally:
+        await other.aclose()
+        await pool.aclose()
 
 
 async def _none_left(mine: Callable[[], Awaitable[list[dict[str, Any]]]]) -> bool:

@@ -1820,7 +1820,7 @@ async def test_closing_one_client_of_a_shared_pool_leaves_the_others_commands_al
     closed, other = aioredis.Redis(connection_pool=pool), aioredis.Redis(connection_pool=pool)
     try:
         await asyncio.gather(*(other.ping() for _ in range(5)))  # five idle connections
-        assert len(pool._available_connections) == 5  # type: ignore[attr-defined]
+        assert len(pool._available_connections) == 5
         await closed.aclose()
         letting_go = asyncio.create_task(let_go(closed))  # (what a late clean-up ends with)
         await asyncio.sleep(0)  # it has begun

@@ -53,6 +53,7 @@ also when the last hold's next renewal was further away); it dies with the runti
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -257,17 +258,15 @@ class LeaseKeeper:
             await asyncio.sleep(0)
             await self._renew(batch, node)
 
-    async def _round(self, node: Hashable, batches: list[list[Hold]]) -> None:
-        """One cluster node's renewals, in a task of their own (module docstring); the keeper
-        is woken when they are judged, for that node's holds due meanwhile."""
-        try:
-            await self._renew_in_turn(node, batches)
-        finally:
-            self._rounds.pop(node, None)
-            kick = self._kick
-            if kick is not None and not kick.done():
-                self._wake_at = None
-                kick.set_result(None)
+    def _round_ended(self, node: Hashable, task: asyncio.Task[None]) -> None:
+        """A cluster node's round (module docstring) is over — judged, failed, or cancelled,
+        also before it started: the keeper wakes for that node's holds due meanwhile."""
+        if self._rounds.get(node) is task:
+            del self._rounds[node]
+        kick = self._kick
+        if kick is not None and not kick.done():
+            self._wake_at = None
+            kick.set_result(None)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -308,7 +307,10 @@ class LeaseKeeper:
                     # answers were once left unjudged until its round trip timed out, and
                     # their leases ended locally while their servers had renewed them).
                     for node, batches in nodes.items():
-                        self._rounds[node] = self._spawn(self._round(node, batches))
+                        task = self._rounds[node] = self._spawn(
+                            self._renew_in_turn(node, batches)
+                        )
+                        task.add_done_callback(functools.partial(self._round_ended, node))
                 continue
             if next_at == math.inf:
                 # Nothing to renew: linger before exiting, so a client that acquires again

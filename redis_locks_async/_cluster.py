@@ -37,7 +37,6 @@ from redis.exceptions import (
     ClusterDownError,
     ClusterError,
     MovedError,
-    NoScriptError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -117,19 +116,16 @@ class Cluster(ClientRef):
             node = client.get_node_from_key(call.keys[0])
             groups.setdefault("" if node is None else str(node.name), []).append(index)
         results: list[object] = [None] * len(calls)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + bound
 
         async def one_node(name: str, indexes: list[int]) -> None:
             if not name:
                 for index in indexes:
                     results[index] = SlotNotCoveredError("no node serves this slot")
                 return
-            node_client: Any = None
             try:
-                node_client = self._node_client(name)
-                batch = [calls[index] for index in indexes]
-                replies = await pipelined(node_client, batch, deadline - loop.time())
+                replies = await pipelined(
+                    self._node_client(name), [calls[index] for index in indexes], bound
+                )
             except Exception as exc:  # per call: any failure is that call's reply
                 replies = [exc] * len(indexes)
                 if isinstance(exc, _NODE_DOWN):
@@ -142,24 +138,6 @@ class Cluster(ClientRef):
                         replies[0] = await asyncio.wait_for(calls[indexes[0]].run(client), bound)
                     except Exception as again:
                         replies[0] = again
-            redo = [k for k, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-            if redo:
-                # The node has not seen a script (a node just added, a SCRIPT FLUSH): load it
-                # there and send those calls again. Loaded through the cluster client, a
-                # script goes to every primary: a stopped one held the load — and the keeper's
-                # renewals on every other node — until the bound, and their leases ended.
-                try:
-                    for script in {batch[k].script for k in redo}:
-                        await asyncio.wait_for(
-                            node_client.script_load(script.code), deadline - loop.time()
-                        )
-                    resent = await pipelined(
-                        node_client, [batch[k] for k in redo], deadline - loop.time()
-                    )
-                except Exception as exc:
-                    resent = [exc] * len(redo)
-                for k, reply in zip(redo, resent, strict=True):
-                    replies[k] = reply
             for index, reply in zip(indexes, replies, strict=True):
                 if isinstance(reply, _REDIRECTED):
                     # The slot moved: the cluster client follows the redirection (and

@@ -72,7 +72,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any, Final, cast, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import MaxConnectionsError, RedisError, ResponseError
 
 from ._errors import LockError
 from ._keys import LockKeys
@@ -838,14 +838,11 @@ async def _pipelined(
     master: Any, script: Script, calls: Sequence[tuple[EncodableArg, ...]], numkeys: int
 ) -> list[object]:
     """Run ``script`` once per ``calls`` entry (its keys, then its arguments) in one pipeline
-    on ``master``; each reply or error in order. A master that lost its scripts (restarted,
-    flushed) is given it and the pipeline sent again."""
-    batch = [Call(script, cast(_Keys, c[:numkeys]), c[numkeys:]) for c in calls]
-    replies = await pipelined(master, batch)
-    if any(isinstance(r, NoScriptError) for r in replies):
-        await master.script_load(script.code)
-        replies = await pipelined(master, batch)
-    return replies
+    on ``master``; each reply or error in order (a master that lost its scripts is given them:
+    :func:`._runtime.pipelined`)."""
+    return await pipelined(
+        master, [Call(script, cast(_Keys, c[:numkeys]), c[numkeys:]) for c in calls]
+    )
 
 
 @final

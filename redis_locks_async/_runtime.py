@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any, ClassVar, Final, Protocol, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
@@ -194,7 +194,35 @@ async def pipelined(
     ``bound`` seconds if given, never on a connection of an earlier event loop: their replies, a
     server's error reply in place of its call's. A plain client takes
     :func:`._wire.run_pipeline`, which lets the event loop run between steps of a long batch;
-    any other (:func:`._wire.fast_batches`), redis-py's pipeline."""
+    any other (:func:`._wire.fast_batches`), redis-py's pipeline.
+
+    A server that does not know a script (restarted, flushed, a cluster node just added) is
+    given it — on ``client``, the one server it reaches (through a cluster client a ``SCRIPT
+    LOAD`` goes to every primary, and waited for a stopped one) — and those calls are sent
+    again, within the same bound; a failure there is those calls' reply."""
+    loop = asyncio.get_running_loop()
+    deadline = None if bound is None else loop.time() + bound
+
+    def left() -> float | None:
+        return None if deadline is None else deadline - loop.time()
+
+    replies = await _pipelined_once(client, calls, bound)
+    redo = [k for k, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if redo:
+        try:
+            for script in {calls[k].script for k in redo}:
+                await asyncio.wait_for(client.script_load(script.code), left())
+            resent = await _pipelined_once(client, [calls[k] for k in redo], left())
+        except Exception as exc:
+            resent = [exc] * len(redo)
+        for k, reply in zip(redo, resent, strict=True):
+            replies[k] = reply
+    return replies
+
+
+async def _pipelined_once(
+    client: Any, calls: Sequence[Call], bound: float | None
+) -> list[object]:
     drop_stale_connections(client.connection_pool)
     fast = fast_batches(client)
     if fast is not None:

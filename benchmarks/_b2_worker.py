@@ -40,7 +40,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from ._common import OUR_KINDS, describe, is_ours, our_lock_class, recv
-from ._metering import Meter, metered_connection
+from ._metering import Meter, hub_reads_traced, metered_connection
 
 HOLDING = "holding"
 READY = "ready"
@@ -417,6 +417,23 @@ async def _play_async(spec: RunSpec, conn: Connection, other: Connection) -> Run
     peer = _async_peer(spec, meter)
     side = _Side(spec, conn, other)
     clock = time.monotonic_ns
+    with contextlib.ExitStack() as stack:
+        if meter is not None and is_ours(spec.peer):
+            stack.enter_context(hub_reads_traced(meter))
+        await _play(spec, conn, other, peer, side, clock)
+    if meter is not None and meter.trace is not None:
+        side.result.trace = meter.trace
+    return side.result
+
+
+async def _play(
+    spec: RunSpec,
+    conn: Connection,
+    other: Connection,
+    peer: AsyncPeer,
+    side: _Side,
+    clock: Callable[[], int],
+) -> None:
     try:
         if isinstance(peer, _Hop):
             await peer.subscribe()
@@ -434,9 +451,6 @@ async def _play_async(spec: RunSpec, conn: Connection, other: Connection) -> Run
                 _expect(await recv(other, side.wait), ("got", released))
     finally:
         await peer.aclose()
-    if meter is not None and meter.trace is not None:
-        side.result.trace = meter.trace
-    return side.result
 
 
 def _recv_blocking(source: Connection, timeout: float) -> object:

@@ -17,17 +17,19 @@ sent. They are what the client *sent*: a request that never got its reply still 
 
 The same class can also record *when*: with :attr:`Meter.trace` set, every write (when it began,
 with its first command's name) and every reply or pushed message read (when redis-py returned
-it) is appended with ``monotonic_ns()`` —
+it; for our subscription hub, which reads its connection itself, when the hub acts on it:
+:func:`hub_reads_traced`) is appended with ``monotonic_ns()`` —
 B2 uses that to split a handoff into its hops. A sync variant counts redis-py's blocking client
 (python-redis-lock) the same way, under a lock (its waiters are threads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +143,29 @@ def metered_connection(meter: Meter) -> type[aioredis.Connection]:
             return response
 
     return MeteredConnection
+
+
+@contextlib.contextmanager
+def hub_reads_traced(meter: Meter) -> Iterator[None]:
+    """While inside, ``meter`` also records when our subscription hub acts on each message or
+    confirmation it reads. The hub reads its pub/sub connection in a protocol callback of its
+    own (``redis_locks_async._notify._Tap``), not through the connection's ``read_response``,
+    so the metered connection class does not see those reads; the hub's dispatch is where
+    the read message is at hand (microseconds after the bytes arrived)."""
+    from redis_locks_async import _notify
+
+    original = _notify.SubscriptionHub._dispatch
+
+    def dispatch(hub: _notify.SubscriptionHub, kind: str, channel: str, data: object) -> bool:
+        if hub._tap is not None:  # (read by get_message otherwise: the class saw it)
+            meter.read([kind.encode()])
+        return original(hub, kind, channel, data)
+
+    _notify.SubscriptionHub._dispatch = dispatch  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        _notify.SubscriptionHub._dispatch = original  # type: ignore[method-assign]
 
 
 def metered_sync_connection(meter: Meter) -> type[redis.Connection]:

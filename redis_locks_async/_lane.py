@@ -55,7 +55,7 @@ else:
     _Push = getattr(hiredis, "PushNotification", None)
     _READER = hiredis.Reader
 
-__all__ = ("IDLE", "Lane", "lane_capable", "lane_possible")
+__all__ = ("IDLE", "Lane", "Push", "lane_capable", "lane_possible", "reply_reader")
 
 IDLE: Final = 0.25
 """Seconds without a call after which a lane gives its connection back to the pool (at once,
@@ -76,6 +76,25 @@ def lane_possible(protocol: object) -> bool:
     if protocol in (None, 2, "2"):
         return _READER is not None
     return protocol in (3, "3") and _Push is not None
+
+
+Push: Final[Any] = _Push
+"""hiredis' type of a RESP3 push message (``None`` where hiredis has none)."""
+
+
+def reply_reader(conn: Any) -> Any:
+    """A ``hiredis`` reader that parses what ``conn`` (connected) receives as redis-py's own
+    parser would: its error classes (``NOSCRIPT`` as ``NoScriptError``, ``MOVED`` as
+    ``MovedError``), its decoding."""
+    encoder = conn.encoder
+    options: dict[str, Any] = {
+        "protocolError": InvalidResponse,
+        "replyError": conn._parser.parse_error,
+        "errors": encoder.encoding_errors,
+    }
+    if encoder.decode_responses:
+        options["encoding"] = encoder.encoding
+    return _READER(**options)
 
 
 def lane_capable(conn: Any) -> bool:
@@ -107,15 +126,7 @@ class Lane(asyncio.Protocol):
         self.demoted = False  # stalled: takes no new calls, closes once nothing is owed
         self._transport: Any = conn._writer.transport
         self._inner: asyncio.BaseProtocol = self._transport.get_protocol()
-        encoder = conn.encoder
-        options: dict[str, Any] = {
-            "protocolError": InvalidResponse,
-            "replyError": conn._parser.parse_error,
-            "errors": encoder.encoding_errors,
-        }
-        if encoder.decode_responses:
-            options["encoding"] = encoder.encoding
-        self._reader = _READER(**options)
+        self._reader = reply_reader(conn)
         self._pending: deque[asyncio.Future[object]] = deque()
         self._gathered: list[bytes] = []
         self._timeout: float | None = conn.socket_timeout

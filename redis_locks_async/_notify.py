@@ -11,6 +11,18 @@ and the subscription. Callers never send pub/sub commands themselves: subscripti
 by the hub's tasks, and a caller only waits — bounded by its own deadline — for its channel's
 confirmation, so a hung connection can never hang an ``acquire(timeout=…)``.
 
+**Reading.** Where the connection allows it (RESP2, or RESP3 with a ``hiredis`` that tells push
+messages apart; no ``health_check_interval``, which makes redis-py read replies itself) the hub
+does not read through redis-py's ``get_message``: the connection's transport is given a
+protocol of this module's (:class:`_Tap`) that parses what arrives (``hiredis``) and acts on
+each message in the event loop's callback that read it — a grant resolves its waiter's future
+there, so the waiter runs in the very next loop iteration, with no reader task in between (B2's
+wake hop; redis-py's reader also cost a timeout scope and its parser's layers per message, and
+more in the tail). redis-py still connects, authenticates and closes the connection; the hub
+writes its ``SUBSCRIBE``/``PING`` commands on it directly (through the ``PubSub`` object,
+redis-py would keep a record of every channel that only its own reader prunes). Otherwise the
+listener task reads with ``get_message``.
+
 The listener task owns the connection's life:
 
 * **Reconnect.** Any error on the connection closes it; the listener opens a new one, subscribes
@@ -55,9 +67,11 @@ from typing import Any, Final, Protocol, final
 from redis.asyncio.client import PubSub
 from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import AskError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ._errors import LockError
 from ._keys import key_slot
+from ._lane import lane_capable, reply_reader
 from ._owners import process_tag
 from ._parking import ParkingLot, decode
 
@@ -192,6 +206,97 @@ async def _read(pubsub: Any) -> dict[str, Any] | None:
     )
 
 
+_MESSAGES: Final = frozenset(("message", "smessage"))
+
+
+@final
+class _Tap(asyncio.Protocol):
+    """Reads a hub's pub/sub connection in the event loop's own callback: what arrives is
+    parsed (``hiredis``) and handed to the hub at once — a grant reaches its waiter's future
+    in the callback that read it, with no reader task between (redis-py's ``get_message``
+    cost B2 a task step, a timeout scope and its parser's layers per wake-up, and more in the
+    tail). The connection is redis-py's (connected, authenticated, database selected by it);
+    only its transport's protocol is this one while the hub uses it, and redis-py still
+    writes on it (``SUBSCRIBE``, ``PING``). Where the connection cannot be read this way (see
+    :func:`._lane.lane_capable`: RESP3 without a hiredis that tells push messages apart, a
+    ``health_check_interval``, which makes redis-py read replies itself) the listener reads
+    with ``get_message`` as before."""
+
+    def __init__(self, hub: SubscriptionHub, conn: Any) -> None:
+        self._hub = hub
+        self._loop = hub._loop
+        self.conn = conn
+        self._transport: Any = conn._writer.transport
+        self._inner: asyncio.BaseProtocol = self._transport.get_protocol()
+        self._reader = reply_reader(conn)
+        self.live = True  # the hub's current connection: what it reads is acted on
+        self.received = 0  # reads so far
+        self.heard = False  # a frame other than an error reply came (a confirmation, say)
+        self.last_rx = self._loop.time()  # when the last one came
+        self.failure: asyncio.Future[BaseException] = self._loop.create_future()
+        self._transport.set_protocol(self)
+
+    @classmethod
+    def attach(cls, hub: SubscriptionHub, pubsub: Any) -> _Tap | None:
+        """A tap on ``pubsub``'s connection (connected, nothing sent on it yet), or ``None``
+        when it cannot be read this way."""
+        conn = getattr(pubsub, "connection", None)
+        if conn is None or not lane_capable(conn):
+            return None
+        if getattr(conn._reader, "_loop", None) is not hub._loop:
+            return None  # opened under another event loop: redis-py's way fails, and says so
+        return cls(hub, conn)
+
+    async def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds; raise what broke the connection meanwhile (or an
+        error reply that is no single subscription's)."""
+        if not self.failure.done():
+            await asyncio.wait((self.failure,), timeout=timeout)
+        if self.failure.done():
+            raise self.failure.result()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.failure.done():
+            self.failure.set_result(error)
+
+    def data_received(self, data: bytes) -> None:
+        reader, hub = self._reader, self._hub
+        self.last_rx = self._loop.time()
+        self.received += 1
+        try:
+            reader.feed(data)
+            frame = reader.gets()
+            while frame is not False:
+                if not self.live:
+                    return
+                if isinstance(frame, Exception):
+                    if isinstance(frame, AskError) and hub._sharded:
+                        hub._moved(frame.slot_id)  # one subscription refused: the rest go on
+                    else:
+                        self._fail(frame)
+                elif isinstance(frame, list) and len(frame) >= 2:  # (a Push is a list too)
+                    self.heard = True
+                    kind = _text(frame[0])
+                    data_ = frame[2] if kind in _MESSAGES and len(frame) > 2 else None
+                    hub._dispatch(kind, _text(frame[1]), data_)
+                frame = reader.gets()
+        except Exception as exc:  # unreadable: nothing on this connection can be trusted
+            self._fail(RedisConnectionError(f"unreadable pub/sub frame: {exc!r}"))
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes itself; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(RedisConnectionError(f"the pub/sub connection was lost: {exc!r}"))
+        self._inner.connection_lost(exc)  # redis-py's stream protocol: its close completes
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
 @final
 class SubscriptionHub:
     """Multiplexes every waiting lock of one runtime over one pub/sub connection."""
@@ -217,6 +322,7 @@ class SubscriptionHub:
         self._loop = asyncio.get_running_loop()
         self._channels: dict[str, _Channel] = {}
         self._pubsub: Any = None
+        self._tap: _Tap | None = None  # reads self._pubsub's connection, where it can
         self._listener: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
         self._closing = False
@@ -335,7 +441,7 @@ class SubscriptionHub:
                 return  # the listener subscribes everything when it connects
             self._asked(channels)
             try:
-                await asyncio.wait_for(getattr(pubsub, command)(*channels), _SEND_TIMEOUT)
+                await asyncio.wait_for(self._command(pubsub, command, *channels), _SEND_TIMEOUT)
             except _CONNECTION_TROUBLE as exc:
                 logger.info("pub/sub %s failed: %r", command, exc)
                 if generation == self._generation:
@@ -378,6 +484,7 @@ class SubscriptionHub:
         self._generation += 1
         self.reconnects += 1
         pubsub, self._pubsub = self._pubsub, None
+        self._untap()
         if stale:
             logger.debug("pub/sub connection of an earlier event loop dropped; reconnecting")
         else:
@@ -399,14 +506,36 @@ class SubscriptionHub:
             command = "ssubscribe" if self._sharded else "subscribe"
             # One SSUBSCRIBE may only name channels of one slot (else CROSSSLOT).
             batches = (_by_slot(channels) if self._sharded else None) or [channels]
-            self._asked(channels)
             try:
+                # Connected first, and tapped before anything is sent: no confirmation may
+                # reach redis-py's buffer, where nobody would read it.
+                await asyncio.wait_for(pubsub.connect(), _SEND_TIMEOUT)
+                self._tap = _Tap.attach(self, pubsub)
+                self._asked(channels)
                 for batch in batches:
-                    await asyncio.wait_for(getattr(pubsub, command)(*batch), _SEND_TIMEOUT)
+                    await asyncio.wait_for(self._command(pubsub, command, *batch), _SEND_TIMEOUT)
             except BaseException:
+                self._untap()
                 self._spawn(_close_quietly(pubsub))
                 raise
             self._pubsub = pubsub
+
+    def _command(self, pubsub: Any, command: str, *args: str) -> Awaitable[object]:
+        """Send ``command`` (``subscribe``, ``sunsubscribe``, ``ping``...) on ``pubsub``'s
+        connection. A tapped one gets it as is: through the ``PubSub`` object, redis-py would
+        keep a record of every channel that only its own reader prunes (a leak, with the tap
+        reading), and on a reconnection of its own subscribe them all again on a connection
+        nobody reads — the hub reconnects by itself."""
+        tap = self._tap
+        if tap is not None and tap.conn is pubsub.connection:
+            return tap.conn.send_command(command.upper(), *args, check_health=False)  # type: ignore[no-any-return]
+        return getattr(pubsub, command)(*args)  # type: ignore[no-any-return]
+
+    def _untap(self) -> None:
+        """What the current tap reads from now on is not acted on (its connection goes)."""
+        tap, self._tap = self._tap, None
+        if tap is not None:
+            tap.live = False
 
     def _refused(self, exc: ResponseError) -> None:
         """The server refused a subscription (``NOPERM``: the ACL lacks the channel): the
@@ -461,6 +590,7 @@ class SubscriptionHub:
         heard = False  # anything received on the current connection
         last_rx = loop.time()
         ping_sent: float | None = None
+        seen = 0  # reads of the tap on the current connection already taken into account
         while self._channels and not self._closing:
             pubsub = self._pubsub
             if pubsub is None:
@@ -473,11 +603,21 @@ class SubscriptionHub:
                     logger.info("pub/sub connect failed (%r); retrying in %.2fs", exc, delay)
                     await asyncio.sleep(delay)
                     continue
-                last_rx, ping_sent, heard = loop.time(), None, False
+                last_rx, ping_sent, heard, seen = loop.time(), None, False, 0
                 continue
+            tap = self._tap
             try:
-                message = await _read(pubsub)
+                if tap is not None:
+                    # (Messages were acted on as they came, in the tap's callback.)
+                    await tap.wait(_READ_SLICE)
+                    message = None
+                    arrived, seen = tap.received != seen, tap.received
+                else:
+                    message = await _read(pubsub)
+                    arrived = message is not None
             except _CONNECTION_TROUBLE as exc:
+                # (An error reply alone is not "heard": a refused subscription backs off.)
+                heard = heard or (tap is not None and tap.heard)
                 if isinstance(exc, AskError) and self._sharded:
                     # A refusal of one subscription (its slot moved away), read on a healthy
                     # connection: the node's other channels go on.
@@ -497,10 +637,12 @@ class SubscriptionHub:
             if self._overdue(now):
                 await self._reset(f"a subscription went unconfirmed for {PING_TIMEOUT} s")
                 continue
-            if message is not None:
+            if arrived:
                 failures = 0
-                last_rx, ping_sent, heard = now, None, True
-                if self._dispatch(message):
+                last_rx, ping_sent, heard = now if tap is None else tap.last_rx, None, True
+                if message is not None and self._dispatch(
+                    _text(message.get("type")), _text(message.get("channel")), message.get("data")
+                ):
                     # Let the waiter that was just handed the lock run before this task goes
                     # back into redis-py: the hand-over's latency is the waiter's, not ours.
                     await asyncio.sleep(0)
@@ -512,7 +654,7 @@ class SubscriptionHub:
             if now - last_rx >= PING_AFTER:
                 ping_sent = now
                 try:
-                    await asyncio.wait_for(pubsub.ping(_PING_TEXT), _SEND_TIMEOUT)
+                    await asyncio.wait_for(self._command(pubsub, "ping", _PING_TEXT), _SEND_TIMEOUT)
                 except _CONNECTION_TROUBLE as exc:
                     await self._reset(f"PING failed: {exc!r}")
         self._listener = None
@@ -524,19 +666,19 @@ class SubscriptionHub:
         wait opens one. An idle hub keeps no connection open — nor does a client the
         application dropped without closing it, or whose pool it disconnected."""
         pubsub, self._pubsub = self._pubsub, None
+        self._untap()
         if pubsub is not None:
             self._generation += 1  # a send still under way on it does not reset the next one
             self._spawn(_close_quietly(pubsub))
 
-    def _dispatch(self, message: dict[str, Any]) -> bool:
-        """Act on one pub/sub message; ``True`` when it handed a lock to a local waiter."""
-        kind = _text(message.get("type"))
-        channel = _text(message.get("channel"))
+    def _dispatch(self, kind: str, channel: str, data: object) -> bool:
+        """Act on one pub/sub message (``kind``: ``message``, ``subscribe``...; ``data``: a
+        message's payload); ``True`` when it handed a lock to a local waiter."""
         entry = self._channels.get(channel)
         if entry is None:
             return False
-        if kind in ("message", "smessage"):
-            return entry.lot.deliver(decode(message.get("data") or b""))
+        if kind in _MESSAGES:
+            return entry.lot.deliver(decode(data if isinstance(data, (bytes, str)) else b""))
         if kind in ("subscribe", "ssubscribe"):
             if entry.confirmed.done():
                 entry.lot.recheck_all()  # re-subscribed by redis-py: messages may be lost
@@ -578,6 +720,7 @@ class SubscriptionHub:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
         pubsub, self._pubsub = self._pubsub, None
+        self._untap()
         if pubsub is not None:
             await _close_quietly(pubsub)
 

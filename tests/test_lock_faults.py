@@ -28,7 +28,7 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lease, Lock, LockError, LockLostError
+from redis_locks_async import Lease, Lock, LockError, LockLostError, _notify
 from tests import _introspect as introspect
 from tests._lockworker import Primitive
 from tests._workers import assert_exclusive, contend, worker_process
@@ -749,8 +749,9 @@ class TestPubSubKilled:
         listener task: the waiters heard no release and slept until their fallback bound, or
         for ever while one waited for a subscription nothing would confirm). The listener
         takes any error of a pub/sub call for a broken connection, reconnects, and the
-        waiters proceed at the release."""
-        waiting = connect()
+        waiters proceed at the release. (A client with health checks: its hub reads with
+        ``get_message``; see ``TestSubscriptionReading`` for the hub's own reader.)"""
+        waiting = connect(health_check_interval=30)
         held = await take(holder, name)
         workers = await _three_waiters(waiting, client, name)
         (hub,) = introspect.hubs(waiting)
@@ -806,6 +807,122 @@ class TestPubSubKilled:
 # --------------------------------------------------------------------------------------------
 # 3. Holder processes: SIGKILL, and exclusion across processes (S1, S2)
 # --------------------------------------------------------------------------------------------
+
+
+class TestSubscriptionReading:
+    """The hub reads its pub/sub connection in a protocol callback of its own where it can
+    (``_notify._Tap``), else with redis-py's ``get_message``."""
+
+    async def test_a_quiet_healthy_connection_outlives_its_health_checks(
+        self,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        connect: Connect,
+        name: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (the hub reading in a callback, stop 27): the listener looked for an
+        answer to its health-check ``PING`` only among what arrived while it next waited; the
+        answer had come before (while the ``PING`` was being sent), so every health check of
+        a quiet, healthy connection ended in "no answer to PING" and a reconnection."""
+        monkeypatch.setattr(_notify, "_READ_SLICE", 0.05)
+        monkeypatch.setattr(_notify, "PING_AFTER", 0.1)
+        monkeypatch.setattr(_notify, "PING_TIMEOUT", 0.3)
+        pings: list[str] = []
+        command = _notify.SubscriptionHub._command
+
+        async def counted(hub: Any, pubsub: Any, what: str, *args: str) -> Any:
+            if what != "ping" or hub._tap is None:
+                return await command(hub, pubsub, what, *args)
+            pings.append(what)
+            before = hub._tap.received
+            sent = await command(hub, pubsub, what, *args)
+            # The answer is in before the listener looks again (a busy machine's timing).
+            await until(lambda: hub._tap.received > before, what="the PING's answer")
+            return sent
+
+        monkeypatch.setattr(_notify.SubscriptionHub, "_command", counted)
+        waiting = connect()
+        held = await take(holder, name)
+        workers = await _three_waiters(waiting, client, name)
+        (hub,) = introspect.hubs(waiting)
+        assert hub._tap is not None  # (a plain RESP2 client: read in the callback)
+        await until(lambda: len(pings) >= 5, what="five health checks")
+        assert hub.reconnects == 0
+        await held.release()
+        await _all_proceed(workers, within=1.0)
+
+    async def test_waiting_on_ever_new_names_keeps_no_record_of_each(
+        self,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        connect: Connect,
+        name: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (the hub reading in a callback, stop 27): subscriptions sent through
+        redis-py's ``PubSub`` object are recorded there, and only its own reader — no longer
+        run — forgets a channel when its unsubscription is confirmed: a process waiting on
+        ever new names (a lock per order) would have kept every channel it ever waited on."""
+        monkeypatch.setattr(_notify, "_LINGER", 0.01)
+        waiting = connect()
+        anchor = await take(holder, name)  # waited for all along: the connection stays
+        workers = await _three_waiters(waiting, client, name)
+        (hub,) = introspect.hubs(waiting)
+        pubsub = hub._pubsub
+        for i in range(12):
+            other = f"{name}:{i}"
+            held = await take(holder, other)
+            worker = HoldingTask(Lock(waiting, other), timeout=10)
+            await until(lambda: introspect.local_waiters(waiting) == 4, what="a fourth waiter")
+            await held.release()
+            assert await worker.wait_acquired() is not None
+            await worker.end()
+            await until(lambda: introspect.local_waiters(waiting) == 3, what="the waiter gone")
+        await until(lambda: len(hub.lots()) == 1, what="the other channels unsubscribed")
+        assert hub._pubsub is pubsub and hub.reconnects == 0
+        records = (
+            len(pubsub.channels)
+            + len(pubsub.shard_channels)
+            + len(pubsub.pending_unsubscribe_channels)
+            + len(pubsub.pending_unsubscribe_shard_channels)
+        )
+        assert records <= 2  # (none with the tap; the waited lock and its presence without)
+        await anchor.release()
+        await _all_proceed(workers, within=1.0)
+
+    async def test_an_unreadable_frame_costs_a_reconnection_not_the_waiters(
+        self, client: aioredis.Redis, holder: aioredis.Redis, connect: Connect, name: str
+    ) -> None:
+        """What the hub's reader cannot parse (a protocol error) leaves nothing on the
+        connection to trust: the hub drops it, subscribes anew, and the waiters proceed at
+        the release."""
+        waiting = connect()
+        held = await take(holder, name)
+        workers = await _three_waiters(waiting, client, name)
+        (hub,) = introspect.hubs(waiting)
+        tap = hub._tap
+        assert tap is not None
+        tap.data_received(b"?not a RESP frame\r\n")
+        await until(lambda: hub.reconnects == 1, what="the reconnection")
+        await _released_once_resubscribed(client, waiting, held, workers, name)
+
+    async def test_a_client_with_health_checks_is_read_by_redis_py(
+        self, client: aioredis.Redis, holder: aioredis.Redis, connect: Connect, name: str
+    ) -> None:
+        """A client with ``health_check_interval`` has redis-py read replies itself (its
+        health check sends a ``PING`` and reads the answer): the hub reads with
+        ``get_message`` then, and waiters are woken at the release all the same."""
+        waiting = connect(health_check_interval=30)
+        held = await take(holder, name)
+        workers = await _three_waiters(waiting, client, name)
+        (hub,) = introspect.hubs(waiting)
+        assert hub._tap is None
+        loop = asyncio.get_running_loop()
+        released = loop.time()
+        await held.release()
+        await _all_proceed(workers, within=1.0)
+        assert loop.time() - released < 1.0
 
 
 class TestProcesses:

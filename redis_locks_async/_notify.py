@@ -234,6 +234,7 @@ class _Tap(asyncio.Protocol):
         self.heard = False  # a frame other than an error reply came (a confirmation, say)
         self.last_rx = self._loop.time()  # when the last one came
         self.failure: asyncio.Future[BaseException] = self._loop.create_future()
+        self._nudged: asyncio.Future[None] | None = None
         self._transport.set_protocol(self)
 
     @classmethod
@@ -243,17 +244,29 @@ class _Tap(asyncio.Protocol):
         conn = getattr(pubsub, "connection", None)
         if conn is None or not lane_capable(conn):
             return None
-        if getattr(conn._reader, "_loop", None) is not hub._loop:
+        if getattr(getattr(conn, "_reader", None), "_loop", None) is not hub._loop:
             return None  # opened under another event loop: redis-py's way fails, and says so
         return cls(hub, conn)
 
     async def wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds; raise what broke the connection meanwhile (or an
-        error reply that is no single subscription's)."""
+        """Wait up to ``timeout`` seconds, or until :meth:`nudge`; raise what broke the
+        connection meanwhile (or an error reply that is no single subscription's)."""
         if not self.failure.done():
-            await asyncio.wait((self.failure,), timeout=timeout)
+            nudged = self._nudged = self._loop.create_future()
+            try:
+                await asyncio.wait(
+                    (self.failure, nudged), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                self._nudged = None
         if self.failure.done():
             raise self.failure.result()
+
+    def nudge(self) -> None:
+        """End the listener's :meth:`wait` now (the hub's last channel went: it closes the
+        connection at once, as when it read the unsubscription's confirmation itself)."""
+        if self._nudged is not None and not self._nudged.done():
+            self._nudged.set_result(None)
 
     def _fail(self, error: BaseException) -> None:
         if not self.failure.done():
@@ -406,6 +419,8 @@ class SubscriptionHub:
             entry.confirmed.cancel()
         if not self._closing:
             self._request(self._unsubscribe_one(channel))
+        if not self._channels and self._tap is not None:
+            self._tap.nudge()  # the listener closes the connection now
 
     async def subscribed(self, channel: str, deadline: float | None) -> bool:
         """Wait until ``channel`` is subscribed (the server confirmed it): ``True``, or

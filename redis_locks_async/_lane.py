@@ -82,17 +82,18 @@ Push: Final[Any] = _Push
 """hiredis' type of a RESP3 push message (``None`` where hiredis has none)."""
 
 
-def reply_reader(conn: Any) -> Any:
+def reply_reader(conn: Any, *, decoded: bool = True) -> Any:
     """A ``hiredis`` reader that parses what ``conn`` (connected) receives as redis-py's own
     parser would: its error classes (``NOSCRIPT`` as ``NoScriptError``, ``MOVED`` as
-    ``MovedError``), its decoding."""
+    ``MovedError``), and its decoding unless ``decoded`` is false (bytes, whatever the
+    client's ``decode_responses``)."""
     encoder = conn.encoder
     options: dict[str, Any] = {
         "protocolError": InvalidResponse,
         "replyError": conn._parser.parse_error,
         "errors": encoder.encoding_errors,
     }
-    if encoder.decode_responses:
+    if decoded and encoder.decode_responses:
         options["encoding"] = encoder.encoding
     return _READER(**options)
 

@@ -228,7 +228,10 @@ class _Tap(asyncio.Protocol):
         self.conn = conn
         self._transport: Any = conn._writer.transport
         self._inner: asyncio.BaseProtocol = self._transport.get_protocol()
-        self._reader = reply_reader(conn)
+        # Bytes, whatever the client decodes: a message that is not UTF-8 (anyone who may
+        # publish on a lock's channel can send one) would fail a decoding reader, and cost a
+        # reconnection each; the hub reads every frame with errors replaced (_text, decode).
+        self._reader = reply_reader(conn, decoded=False)
         self.live = True  # the hub's current connection: what it reads is acted on
         self.received = 0  # reads so far
         self.heard = False  # a frame other than an error reply came (a confirmation, say)

@@ -907,6 +907,37 @@ class TestSubscriptionReading:
         await until(lambda: hub.reconnects == 1, what="the reconnection")
         await _released_once_resubscribed(client, waiting, held, workers, name)
 
+    @pytest.mark.parametrize("protocol", [2, 3])
+    async def test_junk_on_a_lock_channel_costs_no_reconnection(
+        self,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        connect: Connect,
+        name: str,
+        protocol: int,
+    ) -> None:
+        """Regression (attack pass on the hub's reader, stop 27): on a client with
+        ``decode_responses=True`` the hub's reader decoded frames strictly, so a message that
+        is not UTF-8 — anyone allowed to publish on a lock's channel can send one — failed
+        the connection: a reconnection per message (redis-py's ``get_message`` did the
+        same). The hub reads bytes and replaces what does not decode."""
+        waiting = connect(decode_responses=True, protocol=protocol)
+        held = await take(holder, name)
+        workers = await _three_waiters(waiting, client, name)
+        (hub,) = introspect.hubs(waiting)
+        assert hub._tap is not None
+        channel = introspect.channel_of(name)
+        for _ in range(5):
+            await client.publish(channel, b"\xff\xfe junk")
+        await client.publish(channel, "f:1")  # well-formed but empty news: a re-check
+        await asyncio.sleep(0.2)
+        assert hub.reconnects == 0
+        loop = asyncio.get_running_loop()
+        released = loop.time()
+        await held.release()
+        await _all_proceed(workers, within=1.0)
+        assert loop.time() - released < 1.0
+
     async def test_a_client_with_health_checks_is_read_by_redis_py(
         self, client: aioredis.Redis, holder: aioredis.Redis, connect: Connect, name: str
     ) -> None:

@@ -358,6 +358,43 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
             await client.aclose()
 
 
+async def test_holds_survive_a_hung_primary_replaced_when_the_client_has_a_socket_timeout(
+    server_binary: Path,
+) -> None:
+    """What README's *Topologies* says of a primary that hangs (``SIGSTOP``: its connections
+    stay open, nothing answers) until its replica is promoted: with the client's
+    ``socket_timeout`` set, redis-py re-reads its slot map after a timeout, and the keeper's
+    renewals (retried until the lease would end) reach the new primary — the hold is kept.
+    (Without a ``socket_timeout`` every command to that slot waits on the hung node, and the
+    hold is signalled lost at its lease end: documented, not tested.)"""
+    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
+        first = nodes[0]
+        client = RedisCluster(host=first.host, port=first.port, socket_timeout=0.5)
+        await client.initialize()
+        try:
+            name = "{hung}:orders"
+            primary, replica = _primary_and_replica(nodes, client, name)
+            lost: list[object] = []
+            lock = Lock(client, name, lease=8.0, on_lost=lost.append)
+            assert await lock.acquire(blocking=False)
+            started = time.monotonic()
+            await asyncio.sleep(0.3)  # replicated
+            assert primary.pid is not None
+            os.kill(primary.pid, signal.SIGSTOP)
+            try:
+                await _promoted(replica, started)
+                await asyncio.sleep(max(0.0, started + 8.0 + 2.0 - time.monotonic()))
+                lease = lock.current_lease
+                assert not lost and lease is not None and not lease.lost
+                assert lock.owned() and await lock.locked()
+                await lock.release()
+                assert not await lock.locked()
+            finally:
+                os.kill(primary.pid, signal.SIGCONT)
+        finally:
+            await client.aclose()
+
+
 async def test_a_stopped_primary_costs_only_the_holds_it_serves(server_binary: Path) -> None:
     """Regression (attack pass, stop 26): with one primary SIGSTOPped past a renewal, every
     lease of the client was signalled lost — also those on the running primaries, which had

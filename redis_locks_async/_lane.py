@@ -55,7 +55,7 @@ else:
     _Push = getattr(hiredis, "PushNotification", None)
     _READER = hiredis.Reader
 
-__all__ = ("IDLE", "Lane", "Push", "lane_capable", "lane_possible", "reply_reader")
+__all__ = ("IDLE", "Lane", "lane_capable", "lane_possible", "reply_reader")
 
 IDLE: Final = 0.25
 """Seconds without a call after which a lane gives its connection back to the pool (at once,
@@ -76,10 +76,6 @@ def lane_possible(protocol: object) -> bool:
     if protocol in (None, 2, "2"):
         return _READER is not None
     return protocol in (3, "3") and _Push is not None
-
-
-Push: Final[Any] = _Push
-"""hiredis' type of a RESP3 push message (``None`` where hiredis has none)."""
 
 
 def reply_reader(conn: Any, *, decoded: bool = True) -> Any:

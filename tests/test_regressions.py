@@ -1758,7 +1758,8 @@ async def test_an_idle_subscription_hub_keeps_no_connection(
         await waiter.end()
         await until(lambda: _no_subscriber(mine), what="the idle hub to close", within=6.0)
         await pool.disconnect()
-        assert await mine() == []
+        # (The server may list a connection the pool has just closed a moment longer.)
+        await until(lambda: _none_left(mine), what="every connection closed", within=3.0)
         # And it opens again for the next wait.
         assert await holder.acquire()
         waiter = HoldingTask(Lock(client, name), timeout=10)

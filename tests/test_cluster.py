@@ -18,7 +18,7 @@ import os
 import signal
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +325,56 @@ async def _promoted(replica: ServerProcess, started: float) -> None:
         await asyncio.sleep(0.1)
 
 
+@contextlib.contextmanager
+def _killed(primary: ServerProcess) -> Iterator[None]:
+    """``primary`` is dead (killed) from now on."""
+    primary.kill()
+    yield
+
+
+@contextlib.contextmanager
+def _hung(primary: ServerProcess) -> Iterator[None]:
+    """``primary`` hangs (``SIGSTOP``: its connections stay open, nothing answers) inside."""
+    assert primary.pid is not None
+    os.kill(primary.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(primary.pid, signal.SIGCONT)
+
+
+async def _hold_kept_across_a_promotion(
+    server_binary: Path,
+    name: str,
+    fault: Callable[[ServerProcess], contextlib.AbstractContextManager[None]],
+    **client_options: Any,
+) -> None:
+    """A ``Lock`` (8 s lease) held while ``fault`` takes its primary down and the replica is
+    promoted: past a lease later it is still held — locally and on the new primary — and
+    releases there."""
+    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
+        first = nodes[0]
+        client = RedisCluster(host=first.host, port=first.port, **client_options)
+        await client.initialize()
+        try:
+            primary, replica = _primary_and_replica(nodes, client, name)
+            lost: list[object] = []
+            lock = Lock(client, name, lease=8.0, on_lost=lost.append)
+            assert await lock.acquire(blocking=False)
+            started = time.monotonic()
+            await asyncio.sleep(0.3)  # replicated
+            with fault(primary):
+                await _promoted(replica, started)
+                await asyncio.sleep(max(0.0, started + 8.0 + 2.0 - time.monotonic()))  # a lease
+                lease = lock.current_lease
+                assert not lost and lease is not None and not lease.lost
+                assert lock.owned() and await lock.locked()
+                await lock.release()
+                assert not await lock.locked()
+        finally:
+            await client.aclose()
+
+
 async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
     server_binary: Path,
 ) -> None:
@@ -334,28 +384,7 @@ async def test_holds_survive_a_primary_killed_and_its_replica_promoted(
     refreshed its slot map and the hold was signalled lost at its lease end, while the lock
     was on the new primary all along. A failing node now gets one call through the cluster
     client, which finds the new primary."""
-    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
-        first = nodes[0]
-        client = RedisCluster(host=first.host, port=first.port)
-        await client.initialize()
-        try:
-            name = "{failover}:orders"
-            primary, replica = _primary_and_replica(nodes, client, name)
-            lost: list[object] = []
-            lock = Lock(client, name, lease=8.0, on_lost=lost.append)
-            assert await lock.acquire(blocking=False)
-            started = time.monotonic()
-            await asyncio.sleep(0.3)  # replicated
-            primary.kill()
-            await _promoted(replica, started)
-            await asyncio.sleep(max(0.0, started + 8.0 + 2.0 - time.monotonic()))  # past a lease
-            lease = lock.current_lease
-            assert not lost and lease is not None and not lease.lost
-            assert lock.owned() and await lock.locked()
-            await lock.release()
-            assert not await lock.locked()
-        finally:
-            await client.aclose()
+    await _hold_kept_across_a_promotion(server_binary, "{failover}:orders", _killed)
 
 
 async def test_holds_survive_a_hung_primary_replaced_when_the_client_has_a_socket_timeout(
@@ -367,32 +396,9 @@ async def test_holds_survive_a_hung_primary_replaced_when_the_client_has_a_socke
     renewals (retried until the lease would end) reach the new primary — the hold is kept.
     (Without a ``socket_timeout`` every command to that slot waits on the hung node, and the
     hold is signalled lost at its lease end: documented, not tested.)"""
-    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
-        first = nodes[0]
-        client = RedisCluster(host=first.host, port=first.port, socket_timeout=0.5)
-        await client.initialize()
-        try:
-            name = "{hung}:orders"
-            primary, replica = _primary_and_replica(nodes, client, name)
-            lost: list[object] = []
-            lock = Lock(client, name, lease=8.0, on_lost=lost.append)
-            assert await lock.acquire(blocking=False)
-            started = time.monotonic()
-            await asyncio.sleep(0.3)  # replicated
-            assert primary.pid is not None
-            os.kill(primary.pid, signal.SIGSTOP)
-            try:
-                await _promoted(replica, started)
-                await asyncio.sleep(max(0.0, started + 8.0 + 2.0 - time.monotonic()))
-                lease = lock.current_lease
-                assert not lost and lease is not None and not lease.lost
-                assert lock.owned() and await lock.locked()
-                await lock.release()
-                assert not await lock.locked()
-            finally:
-                os.kill(primary.pid, signal.SIGCONT)
-        finally:
-            await client.aclose()
+    await _hold_kept_across_a_promotion(
+        server_binary, "{hung}:orders", _hung, socket_timeout=0.5
+    )
 
 
 async def test_a_stopped_primary_costs_only_the_holds_it_serves(server_binary: Path) -> None:

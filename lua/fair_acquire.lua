@@ -44,7 +44,7 @@ local head = live_head(meta, queue, math.floor(now / 1000), ARGV[6], ARGV[7])
 if head and head ~= me then
     -- Free, but owed to the first in line (its grantee never confirmed, or the holder's lease
     -- ran out): hand it over as a release would have.
-    local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now)
+    local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now, {head = head})
     if mode == 'wait' then
         register(meta, queue, me, now, lease, claim, grace, ttl)
         return {0, now, 0, ttl}

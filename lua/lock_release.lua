@@ -54,15 +54,19 @@ if mode == 'abandon' then
     redis.call('ZSCORE', done, me)
     now = now_us()
 end
-record_release(meta, held[2], me)
+local fields, n = release_fields(meta, held[2], me)  -- (written below, with a grant if any)
 redis.call('DEL', lock)
 if mode == 'abandon' then
     unregister(meta, queue, me)
     mark_done(done, me, now)
 end
-if waiting and not hand_over(lock, meta, queue, channel, sharded, now or now_us()) then
-    announce(channel, sharded, 'f:1')
-elseif not waiting and ARGV[6] == '1' then
-    announce(channel, sharded, 'f:1')
+-- (The fence recorded last is the released token: this hold's, the latest granted or taken.)
+local granted = waiting and hand_over(lock, meta, queue, channel, sharded, now or now_us(), {
+    fence = tonumber(held[2]), fields = fields, head = mode ~= 'abandon' and waiting or nil})
+if not granted then
+    write_release(meta, fields, n)
+    if waiting or ARGV[6] == '1' then
+        announce(channel, sharded, 'f:1')
+    end
 end
 return {0, 0}

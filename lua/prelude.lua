@@ -58,21 +58,32 @@ local function release_mark(owner)
     return string.sub(owner, -16)
 end
 
-local function record_release(meta, token, owner, shared)
+-- The fields record_release writes to `meta`, as a list for HSET, and the release counter n
+-- (read here: the ring slot). Reads `meta` (type check). A release that hands the lock over
+-- gives them to grant_batch (hint.fields), which writes them with its own in one HSET.
+local function release_fields(meta, token, owner, shared)
     -- (HGET + HSET, not HINCRBY: the documented ACL grants no more than that)
     local n = (tonumber(redis.call('HGET', meta, 'n')) or 0) + 1
-    local slot = 'r' .. (n % RECENT_RELEASES)
+    local fields = {'fence', token, 'n', n, 'r' .. (n % RECENT_RELEASES), release_mark(owner)}
     if shared then
         if redis.call('HGET', meta, 'c') == owner then
-            redis.call('HSET', meta, 'c', '')
+            fields[#fields + 1], fields[#fields + 2] = 'c', ''
         end
-        redis.call('HSET', meta, 'fence', token, 'n', n, slot, release_mark(owner))
     else
-        redis.call('HSET', meta, 'fence', token, 'n', n, slot, release_mark(owner), 'c', '')
+        fields[#fields + 1], fields[#fields + 2] = 'c', ''
     end
+    return fields, n
+end
+
+local function write_release(meta, fields, n)
+    redis.call('HSET', meta, unpack(fields))
     if n == 1 then
         keep(meta, AUX_TAIL_MS)
     end
+end
+
+local function record_release(meta, token, owner, shared)
+    write_release(meta, release_fields(meta, token, owner, shared))
 end
 
 -- Whether `owner` made one of the RECENT_RELEASES latest releases (record_release). (The slot
@@ -208,9 +219,11 @@ end
 -- The first live registration of `queue`, as owner, lease ms, claim ms, role — or nil. Dead
 -- ones met on the way are dropped: a deadline passed (server time), or a process gone (see
 -- registrant_alive; all of that process's registrations go at once).
-local function live_head(meta, queue, now_ms, channel, sharded)
+-- `first`: the front of `queue` if the caller has just read it (saves reading it again).
+local function live_head(meta, queue, now_ms, channel, sharded, first)
     while true do
-        local head = redis.call('ZRANGE', queue, 0, 0)[1]
+        local head = first or redis.call('ZRANGE', queue, 0, 0)[1]
+        first = nil
         if not head then
             return nil
         end
@@ -237,10 +250,18 @@ end
 -- microseconds, from which a grantee that reads the announcement late measures its window);
 -- `meta` field c names the (last) grantee, see evict_vanished. Returns how many were granted,
 -- and the ttl.
-local function grant_batch(meta, queue, channel, sharded, now, take, record, pass)
+-- `hint` (optional) spares what the caller knows already — every call saved shortens the
+-- hand-over, which the waiter sees only once the script is over: hint.fence, the last token
+-- recorded in meta (else read, next_fence); hint.head, the front of `queue` the caller has
+-- just read; hint.limit, the most there can be granted (the line is not read past the last
+-- grant, and `pass` is not asked); hint.fields, field/value pairs the caller has to write to
+-- meta, written in the grant's own HSET before its fields (so its fence and c win) — when
+-- nothing is granted the caller writes them itself.
+local function grant_batch(meta, queue, channel, sharded, now, take, record, pass, hint)
+    hint = hint or {}
     local now_ms = math.floor(now / 1000)
     local granted, ttl, message, grantee = 0, nil, '', nil
-    local token = next_fence(meta, now) - 1
+    local token = (hint.fence and math.max(hint.fence + 1, now) or next_fence(meta, now)) - 1
     local function grant(head, lease, claim, role)
         unregister(meta, queue, head)
         local window = math.min(lease, claim)
@@ -252,14 +273,16 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record, pas
         granted = granted + 1
     end
     local head, lease, claim, role
-    while true do
-        head, lease, claim, role = live_head(meta, queue, now_ms, channel, sharded)
+    local first = hint.head
+    while not (hint.limit and granted >= hint.limit) do
+        head, lease, claim, role = live_head(meta, queue, now_ms, channel, sharded, first)
+        first = nil
         if not head or not take(role, granted) then
             break
         end
         grant(head, lease, claim, role)
     end
-    if head and pass then
+    if head and pass and not hint.limit then
         for _, owner in ipairs(redis.call('ZRANGE', queue, 1, -1)) do
             local deadline
             deadline, lease, claim, role =
@@ -271,7 +294,11 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record, pas
         end
     end
     if granted > 0 then
-        redis.call('HSET', meta, 'fence', int(token), 'c', grantee)
+        local fields = hint.fields or {}
+        local n = #fields
+        fields[n + 1], fields[n + 2] = 'fence', int(token)
+        fields[n + 3], fields[n + 4] = 'c', grantee
+        redis.call('HSET', meta, unpack(fields))
         keep(meta, ttl + AUX_TAIL_MS)
         announce(channel, sharded, 'g:' .. int(ttl) .. ':' .. int(now) .. message)
     end
@@ -279,15 +306,17 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record, pas
 end
 
 -- Hand `lock` (a HASH: owner, token) to the oldest waiter whose registration is live (see
--- grant_batch). Returns the claim window granted, or nil when nobody live waits (the lock is
--- then left free).
-local function hand_over(lock, meta, queue, channel, sharded, now)
+-- grant_batch; `hint` as there, its limit set here). Returns the claim window granted, or nil
+-- when nobody live waits (the lock is then left free).
+local function hand_over(lock, meta, queue, channel, sharded, now, hint)
+    hint = hint or {}
+    hint.limit = 1
     local granted, ttl = grant_batch(meta, queue, channel, sharded, now,
         function(_, count) return count == 0 end,
         function(head, window, token)
             redis.call('HSET', lock, 'owner', head, 'token', int(token))
             redis.call('PEXPIRE', lock, window)
-        end)
+        end, nil, hint)
     return granted > 0 and ttl or nil
 end
 

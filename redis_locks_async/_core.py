@@ -1746,7 +1746,9 @@ class LockBase:
                 hold = runtime.holds.get((self._policy.hold_key, task)) if acquired else None
                 lot.pass_watch(waiter, waiter.watch if hold is None else hold.expires_at)
             lot.leave(waiter)
-            self._home(runtime, hub, lot).done_with(channel)
+            # (The channel's linger starts at the next iteration: not between a hand-over and
+            # the caller's return.)
+            loop.call_soon(self._home(runtime, hub, lot).done_with, channel)
             if registered and not acquired:
                 # Give the clean-up a moment, so that the registration (or a lock handed over
                 # meanwhile, which it passes on) is gone when the caller sees the outcome; it
@@ -1889,7 +1891,7 @@ class LockBase:
             hold.heir = heir = _wait_for_caller(task)
             if heir is not None:
                 runtime.heirs.setdefault(heir, []).append(hold)
-        runtime.keeper.add(hold)
+        runtime.keeper.add_soon(hold)  # (after the acquisition returns: off the hand-over's path)
         self._watch(runtime, hold, task)
         return hold
 

@@ -62,7 +62,7 @@ __all__ = (
 
 
 @final
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: a frozen one is slower to make, on a hand-over's path)
 class Grant:
     """The lock was handed over at server time ``at_us`` (microseconds) for a claim window of
     ``ttl_ms``: ``owners`` maps each new owner id to its fencing token."""
@@ -109,9 +109,16 @@ def decode(data: bytes | str) -> Announcement:
     """Decode one announcement; anything malformed or unknown is :data:`RECHECK`."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     parts = text.split(":")
+    count = len(parts)
     try:
-        if parts[0] == "g" and len(parts) >= 5 and len(parts) % 2 == 1:
-            owners = {parts[i]: int(parts[i + 1]) for i in range(3, len(parts), 2)}
+        if parts[0] == "g" and count >= 5 and count % 2 == 1:
+            # (One grantee, the hand-over's case, without building a comprehension: this runs
+            # between a release and its waiter's wake-up.)
+            owners = (
+                {parts[3]: int(parts[4])}
+                if count == 5
+                else dict(zip(parts[3::2], map(int, parts[4::2]), strict=True))
+            )
             return Grant(int(parts[1]), int(parts[2]), owners)
         if parts[0] == "f" and len(parts) == 2:
             return Freed(max(1, int(parts[1])))
@@ -379,21 +386,22 @@ class ParkingLot:
     def deliver(self, news: Announcement) -> bool:
         """Act on an announcement; ``True`` when it handed the lock to a local waiter."""
         if isinstance(news, Grant):
-            mine = False
+            named = 0
             for owner, token in news.owners.items():
                 waiter = self.by_owner.get(owner)
                 if waiter is not None:
                     waiter.granted(token, news)
-                    mine = True
-            # Someone else holds it now, for its claim window at least: if it never confirms,
-            # one re-check by this process when the window ends moves the lock on.
-            later = asyncio.get_running_loop().time() + news.ttl_ms / 1000
-            for waiter in self._actives():
-                if waiter.owner not in news.owners:
-                    waiter.bound = later
-                    waiter.notify(News.LATER)
-                    break
-            return mine
+                    named += 1
+            if len(self.queue) > named:
+                # Someone else holds it now, for its claim window at least: if it never
+                # confirms, one re-check by this process when the window ends moves it on.
+                later = asyncio.get_running_loop().time() + news.ttl_ms / 1000
+                for waiter in self._actives():
+                    if waiter.owner not in news.owners:
+                        waiter.bound = later
+                        waiter.notify(News.LATER)
+                        break
+            return named > 0
         if isinstance(news, Evicted):
             if news.tag != process_tag():
                 return False

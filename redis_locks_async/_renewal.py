@@ -126,6 +126,8 @@ class LeaseKeeper:
         self._topology = topology
         self._spawn = spawn
         self._holds: set[Hold] = set()
+        # Holds to start keeping at the loop's next iteration (add_soon), with their callbacks.
+        self._soon: dict[Hold, asyncio.Handle] = {}
         self._task: asyncio.Task[None] | None = None
         self._kick: asyncio.Future[None] | None = None
         self._wake_at: float | None = None  # when the sleeping keeper wakes by itself
@@ -141,7 +143,7 @@ class LeaseKeeper:
         self.renewals = 0
 
     def __len__(self) -> int:
-        return len(self._holds)
+        return len(self._holds) + len(self._soon)
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -163,6 +165,19 @@ class LeaseKeeper:
         else:
             self.reschedule(hold)
 
+    def add_soon(self, hold: Hold) -> None:
+        """:meth:`add` ``hold`` at the event loop's next iteration, unless it is discarded (or
+        no longer live) first. An acquisition returns to its caller without arming the
+        watchdog or waking the keeper on its way (their cost came between a hand-over and its
+        waiter's wake-up): the hold's first renewal is a third of a lease away, a hand-over's
+        confirmation a claim window (seconds), and nothing can renew or lose it before the
+        loop turns (every release awaits the server first)."""
+        self._soon[hold] = asyncio.get_running_loop().call_soon(self._add_soon, hold)
+
+    def _add_soon(self, hold: Hold) -> None:
+        if self._soon.pop(hold, None) is not None and hold.live and not self._closed:
+            self.add(hold)
+
     def reschedule(self, hold: Hold) -> None:
         """``hold``'s schedule changed (a new lease, a confirmation): wake up in time."""
         self._on_beat(hold, hold.renew_at)
@@ -176,6 +191,9 @@ class LeaseKeeper:
         """Stop keeping ``hold`` (released or lost). After the last one, nothing waits longer
         than :data:`_IDLE_LINGER`: the watchdog's timer goes, and a keeper asleep until a
         later renewal wakes to linger, then end."""
+        soon = self._soon.pop(hold, None)
+        if soon is not None:
+            soon.cancel()
         self._holds.discard(hold)
         if self._holds:
             return
@@ -475,6 +493,9 @@ class LeaseKeeper:
         """Stop renewing (the leases then end on the server by themselves)."""
         self._closed = True
         self._holds.clear()
+        for soon in self._soon.values():
+            soon.cancel()
+        self._soon.clear()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None

@@ -288,3 +288,48 @@ class TestForeignErrors:
         async with lock as lease:  # a fresh hold, not a re-entry of the dead one
             assert lease.hold_count == 1
         assert introspect.keeper_size(client) == 0
+
+
+class TestKeptFromTheNextIteration:
+    """An acquisition hands its hold to the keeper at the loop's next iteration
+    (``LeaseKeeper.add_soon``), so that arming the watchdog and waking the keeper do not come
+    between a hand-over and its waiter's return."""
+
+    async def test_a_hold_is_kept_once_the_loop_turns(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Counted at once, kept (the watchdog armed for it) one iteration later, renewed."""
+        lock = Lock(client, name, lease=0.6)
+        assert await lock.acquire(blocking=False)
+        keeper = introspect.keeper(client)
+        assert introspect.keeper_size(client) == 1
+        await asyncio.sleep(0)
+        assert keeper.watchdog is not None
+        await asyncio.sleep(0.9)  # past the first lease: renewed
+        assert lock.owned() and introspect.renewals(client) >= 1
+        await lock.release()
+        assert introspect.keeper_size(client) == 0
+
+    async def test_a_hold_discarded_before_the_loop_turns_is_never_kept(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """A hold forgotten (released, lost) before its turn is dropped with its pending
+        addition: it was never renewed nor watched after its end."""
+        lock = Lock(client, name, lease=30.0)
+        assert await lock.acquire(blocking=False)
+        lease = lock.current_lease
+        assert lease is not None
+        keeper = introspect.keeper(client)
+        await asyncio.sleep(0)
+        hold = lease._hold  # (the seam: the keeper's own calls, on a real hold)
+        keeper.discard(hold)
+        keeper.add_soon(hold)
+        keeper.discard(hold)
+        assert len(keeper) == 0
+        await asyncio.sleep(0)
+        assert len(keeper) == 0 and keeper.watchdog is None
+        keeper.add_soon(hold)  # kept again, so that the release below finds it as usual
+        await asyncio.sleep(0)
+        assert len(keeper) == 1
+        await lock.release()
+        assert len(keeper) == 0

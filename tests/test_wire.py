@@ -76,6 +76,17 @@ async def test_a_plain_client_takes_the_short_way(connect: Connect, name: str) -
     assert not pool._in_use_connections
 
 
+def test_pipelines_and_strangers_never_take_the_short_way(redis_url: str) -> None:
+    """What a client's class is (a ``Redis``, no ``Pipeline``) is remembered per class, so the
+    check costs no ``Protocol`` isinstance per call — and answers the same the second time."""
+    client = aioredis.Redis.from_url(redis_url)
+    pipeline = client.pipeline()
+    for _ in range(2):
+        assert fast_pool(pipeline) is None
+        assert fast_pool(object()) is None
+        assert fast_pool(client) is not None
+
+
 @pytest.mark.parametrize("kind", ["subclass", "instance", "single_connection"])
 async def test_other_clients_take_redis_pys_way(redis_url: str, name: str, kind: str) -> None:
     """A client whose commands are observed (a subclass overriding ``execute_command``, an

@@ -40,11 +40,14 @@ if is_done(done, me) then
 end
 local now = now_us()
 evict_vanished(meta, queue, ARGV[6], ARGV[7])
-local head = live_head(meta, queue, math.floor(now / 1000), ARGV[6], ARGV[7])
+-- (The caller's own process is there: its waiters ahead of it keep their places, even while
+-- its subscriptions move — a slot migration — and the server does not see them yet.)
+local walk = new_walk(me)
+local head = live_head(meta, queue, math.floor(now / 1000), ARGV[6], ARGV[7], walk)
 if head and head ~= me then
     -- Free, but owed to the first in line (its grantee never confirmed, or the holder's lease
     -- ran out): hand it over as a release would have.
-    local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now, {head = head})
+    local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now, {walk = walk})
     if mode == 'wait' then
         register(meta, queue, me, now, lease, claim, grace, ttl)
         return {0, now, 0, ttl}

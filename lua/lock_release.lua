@@ -62,7 +62,8 @@ if mode == 'abandon' then
 end
 -- (The fence recorded last is the released token: this hold's, the latest granted or taken.)
 local granted = waiting and hand_over(lock, meta, queue, channel, sharded, now or now_us(), {
-    fence = tonumber(held[2]), fields = fields, head = mode ~= 'abandon' and waiting or nil})
+    fence = tonumber(held[2]), fields = fields, head = mode ~= 'abandon' and waiting or nil,
+    me = me})
 if not granted then
     write_release(meta, fields, n)
     if waiting or ARGV[6] == '1' then

@@ -146,12 +146,15 @@ end
 -- deadline (server time): `grace` ms after the longer of `ttl` (when the current holds end;
 -- -1: unknown) and the waiter's own `lease` — so a waiter far back in a line need not refresh
 -- it while the holds ahead of it change hands. The waiter's next attempt refreshes it.
+local function registration(deadline, lease, claim, role)
+    return int(deadline) .. ':' .. int(lease) .. ':' .. int(claim) .. ':' .. (role or '')
+end
+
 local function register(meta, queue, owner, now, lease, claim, grace, ttl, role)
     local lives = grace + math.max(ttl, lease)
     redis.call('ZADD', queue, 'NX', now, owner)
     redis.call('HSET', meta, 'w:' .. owner,
-        int(math.floor(now / 1000) + lives) .. ':' .. int(lease) .. ':' .. int(claim) .. ':'
-        .. (role or ''))
+        registration(math.floor(now / 1000) + lives, lease, claim, role))
     keep(queue, lives + AUX_TAIL_MS)
     keep(meta, lives + AUX_TAIL_MS)
 end
@@ -216,14 +219,42 @@ local function parse_registration(entry)
     return tonumber(deadline), tonumber(lease), tonumber(claim), role
 end
 
--- The first live registration of `queue`, as owner, lease ms, claim ms, role — or nil. Dead
--- ones met on the way are dropped: a deadline passed (server time), or a process gone (see
--- registrant_alive; all of that process's registrations go at once).
--- `first`: the front of `queue` if the caller has just read it (saves reading it again).
-local function live_head(meta, queue, now_ms, channel, sharded, first)
+-- A walk along `queue` to its first live registration (live_head): `index`, where the walk
+-- stands (the registrations before it were skipped: their processes are away); `first`, the
+-- member at `index` when the caller has just read it (saves reading it again); `present`, per
+-- process tag, whether that process is on the server (asked once per script; the process of
+-- `me`, which is running this script, is there).
+local function new_walk(me, first)
+    local walk = {index = 0, first = first, present = {}}
+    if me then
+        walk.present[string.sub(me, 1, PROCESS_TAG_LEN)] = true
+    end
+    return walk
+end
+
+local function present(walk, channel, sharded, owner)
+    local tag = string.sub(owner, 1, PROCESS_TAG_LEN)
+    local here = walk.present[tag]
+    if here == nil then
+        here = registrant_alive(channel, sharded, owner)
+        walk.present[tag] = here
+    end
+    return here
+end
+
+-- The first live registration of `queue` from where `walk` stands, as owner, lease ms, claim
+-- ms, role — or nil; the walk then stands on it. A registration whose deadline passed (server
+-- time) is dropped. One whose process is away (see registrant_alive) is skipped, and its
+-- deadline brought within a claim window: a process that is only moving its subscription —
+-- its slot migrating to another node, its pub/sub connection being re-made — keeps its place
+-- in line (its waiters' next attempts refresh their registrations), and one that died drops
+-- out of line within a claim window. (Dropping an away process's registrations at once sent
+-- a process caught in a slot migration to the back of a FairLock's line, its own tasks in
+-- whatever order they registered again.)
+local function live_head(meta, queue, now_ms, channel, sharded, walk)
     while true do
-        local head = first or redis.call('ZRANGE', queue, 0, 0)[1]
-        first = nil
+        local head = walk.first or redis.call('ZRANGE', queue, walk.index, walk.index)[1]
+        walk.first = nil
         if not head then
             return nil
         end
@@ -231,10 +262,15 @@ local function live_head(meta, queue, now_ms, channel, sharded, first)
             redis.call('HGET', meta, 'w:' .. head))
         if not (deadline and deadline >= now_ms) then
             unregister(meta, queue, head)
-        elseif registrant_alive(channel, sharded, head) then
+        elseif present(walk, channel, sharded, head) then
+            walk.first = head
             return head, lease, claim, role
         else
-            drop_process(meta, queue, channel, sharded, string.sub(head, 1, PROCESS_TAG_LEN))
+            if deadline > now_ms + claim then
+                redis.call('HSET', meta, 'w:' .. head,
+                    registration(now_ms + claim, lease, claim, role))
+            end
+            walk.index = walk.index + 1
         end
     end
 end
@@ -252,11 +288,13 @@ end
 -- and the ttl.
 -- `hint` (optional) spares what the caller knows already — every call saved shortens the
 -- hand-over, which the waiter sees only once the script is over: hint.fence, the last token
--- recorded in meta (else read, next_fence); hint.head, the front of `queue` the caller has
--- just read; hint.limit, the most there can be granted (the line is not read past the last
--- grant, and `pass` is not asked); hint.fields, field/value pairs the caller has to write to
--- meta, written in the grant's own HSET before its fields (so its fence and c win) — when
--- nothing is granted the caller writes them itself.
+-- recorded in meta (else read, next_fence); hint.walk, the caller's walk to the front of the
+-- line (live_head), else one from hint.head, the front of `queue` the caller has just read,
+-- and hint.me, the owner running the script (its process is there); hint.limit, the most
+-- there can be granted (the line is not read past the last grant, and `pass` is not asked);
+-- hint.fields, field/value pairs the caller has to write to meta, written in the grant's own
+-- HSET before its fields (so its fence and c win) — when nothing is granted the caller writes
+-- them itself.
 local function grant_batch(meta, queue, channel, sharded, now, take, record, pass, hint)
     hint = hint or {}
     local now_ms = math.floor(now / 1000)
@@ -273,22 +311,22 @@ local function grant_batch(meta, queue, channel, sharded, now, take, record, pas
         granted = granted + 1
     end
     local head, lease, claim, role
-    local first = hint.head
+    local walk = hint.walk or new_walk(hint.me, hint.head)
     while not (hint.limit and granted >= hint.limit) do
-        head, lease, claim, role = live_head(meta, queue, now_ms, channel, sharded, first)
-        first = nil
+        head, lease, claim, role = live_head(meta, queue, now_ms, channel, sharded, walk)
         if not head or not take(role, granted) then
             break
         end
+        walk.first = nil  -- (unregistered by the grant: the next one stands at its index now)
         grant(head, lease, claim, role)
     end
     if head and pass and not hint.limit then
-        for _, owner in ipairs(redis.call('ZRANGE', queue, 1, -1)) do
+        for _, owner in ipairs(redis.call('ZRANGE', queue, walk.index + 1, -1)) do
             local deadline
             deadline, lease, claim, role =
                 parse_registration(redis.call('HGET', meta, 'w:' .. owner))
             if deadline and deadline >= now_ms and pass(role)
-                    and registrant_alive(channel, sharded, owner) then
+                    and present(walk, channel, sharded, owner) then
                 grant(owner, lease, claim, role)
             end
         end

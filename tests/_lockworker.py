@@ -7,10 +7,11 @@ with ``--redlock URL1,URL2,URL3`` instead of ``--url`` for a ``RedLock`` over th
 ``rw-read`` (the two sides of a ``ReadWriteLock``) or ``sem`` (a ``Semaphore`` of ``--permits``
 permits, default 1); ``--claim-timeout`` sets the lock's dead-waiter bound (default 2 s).
 
-``hold``
+``hold [--release-on-line]``
     Acquire the lock, print ``held <fencing token>`` (flushed), then sleep until killed. The
     lease is auto-renewed, so the lock outlives its lease only while this process lives: the
-    test SIGKILLs it and measures how soon a waiter takes over.
+    test SIGKILLs it and measures how soon a waiter takes over. With ``--release-on-line``:
+    on a line on stdin, release it, print ``released`` and exit.
 ``wait [--release-after S] [--tasks T] [--fork-helper]``
     Print ``waiting`` (flushed), then wait for the lock with no timeout (``--fork-helper``: on
     a line on stdin, fork a child that sleeps a minute, and print ``child <pid>``); once it
@@ -160,7 +161,11 @@ async def _hold(args: argparse.Namespace) -> None:
     held = lock.current_lease
     assert held is not None
     print(f"held {held.fencing_token}", flush=True)
-    await asyncio.Event().wait()  # until SIGKILL
+    if not args.release_on_line:
+        await asyncio.Event().wait()  # until SIGKILL
+    await asyncio.to_thread(sys.stdin.readline)
+    await lock.release()
+    print("released", flush=True)
 
 
 def _sleeping_helper() -> None:
@@ -316,7 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--permits", type=int, default=1)
     parser.add_argument("--claim-timeout", type=float, default=2.0)
     modes = parser.add_subparsers(dest="mode", required=True)
-    modes.add_parser("hold")
+    hold = modes.add_parser("hold")
+    hold.add_argument(
+        "--release-on-line", action="store_true", help="release on a line on stdin, and exit"
+    )
     wait = modes.add_parser("wait")
     wait.add_argument("--release-after", type=float, default=None)
     wait.add_argument("--tasks", type=int, default=1, help="waiting tasks (all on one lock)")

@@ -14,8 +14,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from redis_locks_async import FairLock, Lease, Lock
 from redis_locks_async._fair import FAIR_ACQUIRE
+from redis_locks_async._keys import LockKeys
 from tests import _introspect as introspect
-from tests.test_lock_faults import HoldingTask, park_unregistered, try_once, until
+from tests._workers import readline, worker_process
+from tests.test_lock_faults import (
+    HoldingTask,
+    park_unregistered,
+    try_once,
+    until,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -301,6 +308,97 @@ class TestFairLock:
         await holder.release()
         assert await asyncio.wait_for(second, 5)
         assert loop.time() - started < 1.0
+
+    async def test_a_process_away_for_a_moment_keeps_its_place_in_line(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        redis_url: str,
+        name: str,
+    ) -> None:
+        """Regression (CI of stop 28: a FairLock's line served out of order across a cluster
+        slot migration). A hand-over that found a waiting process away — not subscribed on the
+        server: its pub/sub connection being re-made, or its subscriptions following a slot
+        that moved — dropped all of its registrations at once; its waiters came back at the
+        back of the line, behind everyone who arrived before they were back, and in whatever
+        order their attempts reached the server. An away process is now only skipped: its
+        registrations keep their arrival (for a claim window), and its waiters, back, are
+        served in their order and before the waiters that arrived after them. (The holders and
+        the other waiters are processes of their own: a script counts the process running it
+        as there.)"""
+        keys = LockKeys.for_name(name)
+        workers: list[asyncio.subprocess.Process] = []
+
+        async def worker(*args: str) -> asyncio.subprocess.Process:
+            stdin = asyncio.subprocess.PIPE
+            workers.append(
+                await worker_process(redis_url, name, "--kind", "fair", *args, stdin=stdin)
+            )
+            return workers[-1]
+
+        try:
+            holder = await worker("hold", "--release-on-line")
+            assert (await readline(holder)).startswith("held ")
+            away = []  # this process's waiters: 1st and 2nd in line
+            for i in range(2):
+                away.append(HoldingTask(FairLock(proxied, name, claim_timeout=5.0), timeout=30))
+                await introspect.until_registered(client, name, i + 1)
+            for count in (3, 4):  # the 3rd is served while this process is away
+                await worker("wait", "--release-after", "2.5" if count == 3 else "0")
+                assert await readline(workers[-1]) == "waiting"
+                await introspect.until_registered(client, name, count)
+            taker, later = workers[-2:]
+            line = await client.zrange(keys.queue, 0, 1, withscores=True)
+
+            fault_proxy.hold_replies()  # the pub/sub reconnection stalls in its handshake
+            assert fault_proxy.reset_where(b"subscribe") == 1  # this process's, not the workers'
+            await fault_proxy.wait_held()
+            assert holder.stdin is not None
+            holder.stdin.write(b"release\n")
+            assert await readline(holder) == "released"  # finds this process away: skipped
+            assert (await readline(taker)).startswith("held ")
+            assert await client.zrange(keys.queue, 0, 1, withscores=True) == line
+
+            fault_proxy.release_replies()  # back: its waiters re-check (and refresh)
+            tokens = []
+            for task in away:  # at the taker's release
+                lease = await task.wait_acquired(within=15)
+                assert lease is not None
+                tokens.append(lease.fencing_token)
+                await task.end()
+            tokens.append(int((await readline(later)).split()[1]))
+            assert tokens == sorted(tokens), "served out of their order of arrival"
+        finally:
+            for proc in workers:
+                if proc.returncode is None:
+                    proc.kill()
+                await asyncio.wait_for(proc.communicate(), 10)
+
+    async def test_an_attempt_counts_its_own_process_as_there(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (with the one above: a process coming back from away re-checks its
+        waiters, and on a cluster whose slot moved their attempts may reach the new node before
+        the process's presence there). An attempt that found a free lock owed to the first in
+        line took the first's process — the attempt's own — for gone: it dropped both
+        registrations and took the lock, ahead of its own process's earlier waiter. The process
+        running the script is there: the lock is handed to that earlier waiter."""
+        keys = LockKeys.for_name(name)
+        first, second = ("2" * 8 + f"{i:032x}" for i in (1, 2))  # one process, never subscribed
+
+        async def attempt(owner: str, mode: str) -> list[Any]:
+            args = (owner, 30_000, mode, 1_000, 2_000, keys.channel, 0)
+            return await client.evalsha(FAIR_ACQUIRE_SHA, 5, *keys.script_keys, *args)  # type: ignore[no-any-return]
+
+        await client.script_load(FAIR_ACQUIRE.source)
+        assert (await attempt("1" * 40, "try"))[0] == 1  # another process holds it
+        for owner in (first, second):
+            assert (await attempt(owner, "wait"))[0] == 0
+        await client.delete(name)  # its lease ran out
+        assert (await attempt(second, "wait"))[0] == 0
+        assert await client.hget(name, "owner") == first.encode()
+        assert await introspect.registered_waiters(client, name) == {second}
 
     async def test_lock_and_fairlock_of_one_name_are_one_lock(
         self, client: aioredis.Redis, name: str

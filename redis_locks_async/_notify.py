@@ -44,6 +44,16 @@ forked while the hub was connected would keep that connection open — and its p
 after the parent died — so the child lets go of its copies of the hubs' sockets at once
 (:func:`_after_fork_in_child`).
 
+**Refusals.** Each lock's channels go in a command of their own, and the hub keeps, per
+connection, what its (un)subscriptions are still owed: an error reply is the oldest
+unanswered one's (the server refuses a command whole, with one error, and the stream stays in
+step). A lock whose channel the server refuses (``NOPERM``: the user's ACL allows the lock's
+keys but not its channel) fails only its own waiters, with a ``LockError`` naming the channel;
+the connection and the other locks' subscriptions go on, and the lock's next waiter asks again.
+An error that cannot be told whose it is (a refused ``PING``, a user who may not subscribe at
+all, frames nobody here asked for) fails every unconfirmed subscription and re-makes the
+connection, backing off.
+
 ``sharded=True`` (Redis Cluster) uses ``SSUBSCRIBE``/``SUNSUBSCRIBE``; a server-sent
 ``sunsubscribe`` for a channel still wanted (its slot moved) subscribes it again.
 
@@ -61,6 +71,7 @@ import logging
 import os
 import sys
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, final
 
@@ -120,14 +131,6 @@ def _with_presence(channel: str) -> tuple[str, str]:
     return presence_channel(channel), channel
 
 
-def _by_slot(channels: list[str]) -> list[list[str]]:
-    """``channels`` grouped by cluster slot, each group in its original order."""
-    groups: dict[int, list[str]] = {}
-    for channel in channels:
-        groups.setdefault(key_slot(channel), []).append(channel)
-    return list(groups.values())
-
-
 def _of_another_loop(exc: BaseException) -> bool:
     """``exc`` is asyncio's for a connection opened under another (closed) event loop."""
     text = str(exc)
@@ -184,13 +187,28 @@ class Hub(Protocol):
 
 @final
 class _Channel:
-    __slots__ = ("asked_at", "confirmed", "linger", "lot")
+    __slots__ = ("asked_at", "confirmed", "linger", "lot", "refused")
 
     def __init__(self, lot: ParkingLot, loop: asyncio.AbstractEventLoop) -> None:
         self.lot = lot
         self.confirmed: asyncio.Future[None] = loop.create_future()
         self.asked_at: float | None = None  # when the pending subscription was sent
         self.linger: asyncio.TimerHandle | None = None  # set while nobody waits
+        self.refused = False  # the server refused its last subscription (confirmed failed)
+
+
+@final
+class _Owed:
+    """What one (un)subscription sent on the hub's connection is still owed: a confirmation
+    frame per channel it names — or, instead of them all, one error reply (the server refuses a
+    command whole)."""
+
+    __slots__ = ("channel", "frames", "subscribe")
+
+    def __init__(self, subscribe: bool, channel: str, frames: tuple[str, ...]) -> None:
+        self.subscribe = subscribe
+        self.channel = channel  # the lock channel it is for
+        self.frames = set(frames)
 
 
 async def _read(pubsub: Any) -> dict[str, Any] | None:
@@ -207,6 +225,8 @@ async def _read(pubsub: Any) -> dict[str, Any] | None:
 
 
 _MESSAGES: Final = frozenset(("message", "smessage"))
+_SUBSCRIBES: Final = frozenset(("subscribe", "ssubscribe"))
+_CONFIRMATIONS: Final = _SUBSCRIBES | {"unsubscribe", "sunsubscribe"}
 
 
 @final
@@ -286,9 +306,7 @@ class _Tap(asyncio.Protocol):
                 if not self.live:
                     return
                 if isinstance(frame, Exception):
-                    if isinstance(frame, AskError) and hub._sharded:
-                        hub._moved(frame.slot_id)  # one subscription refused: the rest go on
-                    else:
+                    if not hub._error_reply(frame):  # (one subscription refused: the rest go on)
                         self._fail(frame)
                 elif isinstance(frame, list) and len(frame) >= 2:  # (a Push is a list too)
                     self.heard = True
@@ -344,6 +362,10 @@ class SubscriptionHub:
         self._closing = False
         self._generation = 0  # bumped on every reset: a stale send does not reset a new one
         self._emptied: asyncio.Future[None] | None = None
+        # What the (un)subscriptions sent on the current connection are still owed, oldest
+        # first (None: out of step — frames came that nobody here asked for — until the next
+        # connection): an error reply is the oldest one's.
+        self._owed: deque[_Owed] | None = deque()
         self.reconnects = 0
         _hubs.add(self)
 
@@ -377,9 +399,14 @@ class SubscriptionHub:
             lot = shared if shared is not None else ParkingLot(active)
             entry = self._channels[channel] = _Channel(lot, self._loop)
             self._request(self._subscribe_one(channel))
-        elif entry.linger is not None:
-            entry.linger.cancel()
-            entry.linger = None
+        else:
+            if entry.linger is not None:
+                entry.linger.cancel()
+                entry.linger = None
+            if entry.refused:  # ask again: the server's ACL may allow it now
+                entry.refused = False
+                entry.confirmed = self._loop.create_future()
+                self._request(self._subscribe_one(channel))
         return entry.lot
 
     def existing_lot(self, channel: str) -> ParkingLot | None:
@@ -458,12 +485,19 @@ class SubscriptionHub:
             if pubsub is None or not channels:
                 return  # the listener subscribes everything when it connects
             self._asked(channels)
+            self._owe(command, channels)
             try:
                 await asyncio.wait_for(self._command(pubsub, command, *channels), _SEND_TIMEOUT)
             except _CONNECTION_TROUBLE as exc:
                 logger.info("pub/sub %s failed: %r", command, exc)
                 if generation == self._generation:
                     await self._reset(f"{command} failed: {exc!r}")
+
+    def _owe(self, command: str, channels: tuple[str, ...]) -> None:
+        """``command`` (an (un)subscription of one lock: its presence channel, then its channel)
+        goes out on the current connection now."""
+        if self._owed is not None:
+            self._owed.append(_Owed(command in _SUBSCRIBES, channels[-1], channels))
 
     def _asked(self, channels: tuple[str, ...] | list[str]) -> None:
         now = self._loop.time()
@@ -509,6 +543,7 @@ class SubscriptionHub:
             logger.warning("pub/sub connection dropped (%s); reconnecting", reason)
         for entry in self._channels.values():
             entry.asked_at = None
+            entry.refused = False  # (asked again on the new connection)
             if entry.confirmed.done():
                 entry.confirmed = self._loop.create_future()
         self._spawn(_close_quietly(pubsub))
@@ -516,27 +551,33 @@ class SubscriptionHub:
     # -- listening -----------------------------------------------------------------------------
 
     async def _connect(self) -> None:
-        """Open a connection and subscribe every channel on it (channels added meanwhile are
-        sent by their own requests, which wait for the send lock)."""
+        """Open a connection and subscribe every channel on it, one lock per command (the
+        server refuses a command whole: an ACL that refuses one lock's channel must not keep
+        the others from being subscribed; and one ``SSUBSCRIBE`` may only name channels of
+        one slot). Channels added meanwhile are sent by their own requests, which wait for the
+        send lock."""
         async with self._send_lock:
             pubsub = self._make_pubsub()
-            channels = [each for channel in self._channels for each in _with_presence(channel)]
+            pairs = [_with_presence(channel) for channel in self._channels]
             command = "ssubscribe" if self._sharded else "subscribe"
-            # One SSUBSCRIBE may only name channels of one slot (else CROSSSLOT).
-            batches = (_by_slot(channels) if self._sharded else None) or [channels]
             try:
                 # Connected first, and tapped before anything is sent: no confirmation may
                 # reach redis-py's buffer, where nobody would read it.
                 await asyncio.wait_for(pubsub.connect(), _SEND_TIMEOUT)
+                self._owed = deque()
                 self._tap = _Tap.attach(self, pubsub)
-                self._asked(channels)
-                for batch in batches:
-                    await asyncio.wait_for(self._command(pubsub, command, *batch), _SEND_TIMEOUT)
+                self._asked(list(self._channels))
+                await asyncio.wait_for(self._subscribe_all(pubsub, command, pairs), _SEND_TIMEOUT)
             except BaseException:
                 self._untap()
                 self._spawn(_close_quietly(pubsub))
                 raise
             self._pubsub = pubsub
+
+    async def _subscribe_all(self, pubsub: Any, command: str, pairs: list[tuple[str, str]]) -> None:
+        for pair in pairs:
+            self._owe(command, pair)
+            await self._command(pubsub, command, *pair)
 
     def _command(self, pubsub: Any, command: str, *args: str) -> Awaitable[object]:
         """Send ``command`` (``subscribe``, ``sunsubscribe``, ``ping``...) on ``pubsub``'s
@@ -555,9 +596,65 @@ class SubscriptionHub:
         if tap is not None:
             tap.live = False
 
+    def _error_reply(self, exc: BaseException) -> bool:
+        """An error reply read on the connection: ``True`` when it was one (un)subscription's
+        and was dealt with here — the stream stays in step (a command is refused whole, with
+        one error reply), so the connection and its other channels go on. A channel's refusal
+        (``NOPERM``: the user's ACL does not allow it) fails only that lock's waiters; a shard
+        channel's ``MOVED``/``ASK`` gives up the channels of its slot (:meth:`_moved`)."""
+        owed = self._owed
+        head = owed[0] if owed else None
+        if isinstance(exc, AskError) and self._sharded:
+            if head is not None and head.subscribe and key_slot(head.channel) == exc.slot_id:
+                owed.popleft()  # type: ignore[union-attr]
+            else:
+                self._owed = None
+            self._moved(exc.slot_id)
+            return True
+        if (
+            head is None
+            or not head.subscribe
+            or not isinstance(exc, ResponseError)
+            or "channel" not in str(exc).lower()
+        ):
+            return False  # (no subscription's: a refused PING, a user who may not subscribe)
+        owed.popleft()  # type: ignore[union-attr]
+        self._refuse(head.channel, exc)
+        return True
+
+    def _settle(self, kind: str, channel: str) -> None:
+        """A confirmation frame (``subscribe``, ``unsubscribe``... of ``channel``) came."""
+        owed = self._owed
+        head = owed[0] if owed else None
+        if head is not None and (kind in _SUBSCRIBES) == head.subscribe and channel in head.frames:
+            head.frames.discard(channel)
+            if not head.frames:
+                owed.popleft()  # type: ignore[union-attr]
+        elif kind != "sunsubscribe":  # (the server's own, unasked: its slot moved)
+            # Nobody here asked for it (redis-py re-subscribed by itself): an error reply can
+            # no longer be told whose it is, until the next connection.
+            self._owed = None
+
+    def _refuse(self, channel: str, exc: ResponseError) -> None:
+        """The server refused ``channel``'s subscription: the waiters that wait for its
+        confirmation fail with the reason; the next waiter of the lock asks again."""
+        entry = self._channels.get(channel)
+        if entry is None:
+            return
+        logger.warning("pub/sub: the server refused to subscribe %r: %s", channel, exc)
+        entry.asked_at = None
+        entry.refused = True
+        if entry.confirmed.done():
+            entry.confirmed = self._loop.create_future()
+        entry.confirmed.set_exception(
+            LockError(f"the server refused to subscribe {channel!r}: {exc}")
+        )
+        entry.confirmed.exception()  # retrieved here: no waiter may be left to read it
+
     def _refused(self, exc: ResponseError) -> None:
-        """The server refused a subscription (``NOPERM``: the ACL lacks the channel): the
-        waiters of every unconfirmed channel fail with the reason instead of waiting blind."""
+        """The server refused a subscription, and it cannot be told which (a user who may not
+        subscribe at all, or frames out of step): the waiters of every unconfirmed channel fail
+        with the reason instead of waiting blind."""
         for channel, entry in self._channels.items():
             if not entry.confirmed.done():
                 entry.confirmed.set_exception(
@@ -636,10 +733,10 @@ class SubscriptionHub:
             except _CONNECTION_TROUBLE as exc:
                 # (An error reply alone is not "heard": a refused subscription backs off.)
                 heard = heard or (tap is not None and tap.heard)
-                if isinstance(exc, AskError) and self._sharded:
-                    # A refusal of one subscription (its slot moved away), read on a healthy
-                    # connection: the node's other channels go on.
-                    self._moved(exc.slot_id)
+                if tap is None and self._error_reply(exc):
+                    # A refusal of one subscription (an ACL, or its slot moved away), read on
+                    # a healthy connection: the other channels go on. (The tap deals with
+                    # error replies as they come.)
                     continue
                 if isinstance(exc, ResponseError):
                     self._refused(exc)
@@ -693,10 +790,14 @@ class SubscriptionHub:
         """Act on one pub/sub message (``kind``: ``message``, ``subscribe``...; ``data``: a
         message's payload); ``True`` when it handed a lock to a local waiter."""
         entry = self._channels.get(channel)
+        if kind in _MESSAGES:
+            return entry is not None and entry.lot.deliver(
+                decode(data if isinstance(data, (bytes, str)) else b"")
+            )
+        if kind in _CONFIRMATIONS and self._owed is not None:
+            self._settle(kind, channel)
         if entry is None:
             return False
-        if kind in _MESSAGES:
-            return entry.lot.deliver(decode(data if isinstance(data, (bytes, str)) else b""))
         if kind in ("subscribe", "ssubscribe"):
             if entry.confirmed.done():
                 entry.lot.recheck_all()  # re-subscribed by redis-py: messages may be lost

@@ -254,6 +254,14 @@ async def acl_user(client: aioredis.Redis) -> AsyncIterator[tuple[str, str]]:
         await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
 
 
+async def try_once(lock: Lock) -> bool:
+    """``lock.acquire()`` (its own timeout), released at once if it was taken."""
+    if not await lock.acquire():
+        return False
+    await lock.release()
+    return True
+
+
 def _user_url(server: ServerProcess, user: str) -> str:
     return f"redis://{user}:pw@{server.host}:{server.port}"
 
@@ -342,5 +350,53 @@ class TestAcl:
             )
             assert 1 <= refusals <= 10, f"{refusals} refused subscriptions"
             await held.release()
+        finally:
+            await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+
+    @pytest.mark.parametrize("reading", ["tap", "get_message"])
+    async def test_a_refused_channel_costs_only_its_own_lock(
+        self, connect: Connect, client: aioredis.Redis, server: ServerProcess, reading: str
+    ) -> None:
+        """Regression (a lead since stop 27): a subscription the server refused (an ACL that
+        allows a lock's keys but not its channel) reset the whole pub/sub connection, and its
+        reconnection sent every channel in one ``SUBSCRIBE``, which the server refused whole
+        while the refused lock's channel lingered: the waiters of every other lock of the
+        client were unsubscribed for seconds (a release heard ~2 s late) and a new waiter of
+        another lock could fail with the refusal. Each lock is now subscribed by a command of
+        its own, and an error reply is the oldest unanswered (un)subscription's: only that
+        lock's waiters fail, the connection goes on. The lock's next waiter asks the server
+        again (its ACL may allow it by then). Both ways of reading the connection."""
+        user, prefix = f"half-{secrets.token_hex(4)}", f"app{secrets.token_hex(3)}:"
+        other = f"other{secrets.token_hex(3)}:"
+        await set_user(client, user, [*acl_rules(prefix), f"~{other}*", f"~{{{other}*"])
+        try:
+            options = {"health_check_interval": 30} if reading == "get_message" else {}
+            conn = connect(_user_url(server, user), **options)
+            held = [Lock(client, f"{prefix}a"), Lock(client, f"{other}b"), Lock(client, f"{prefix}c")]
+            for lock in held:
+                assert await lock.acquire(blocking=False)
+            waiting = asyncio.create_task(try_once(Lock(conn, f"{prefix}a", timeout=10)))
+            await introspect.until_registered(client, f"{prefix}a", 1)
+            (hub,) = introspect.hubs(conn)
+            reconnects = hub.reconnects
+            for _ in range(2):  # the second waiter asks again, and is refused again
+                with pytest.raises(LockError, match="refused to subscribe"):
+                    await asyncio.wait_for(try_once(Lock(conn, f"{other}b", timeout=10)), 5)
+            later = asyncio.create_task(try_once(Lock(conn, f"{prefix}c", timeout=10)))
+            await introspect.until_registered(client, f"{prefix}c", 1)
+            loop = asyncio.get_running_loop()
+            released = loop.time()
+            await held[0].release()
+            assert await asyncio.wait_for(waiting, 5)
+            assert loop.time() - released < 1.0, "the release was not heard at once"
+            await held[2].release()
+            assert await asyncio.wait_for(later, 5)
+            assert hub.reconnects == reconnects, "the pub/sub connection was re-made"
+
+            await set_user(client, user, [f"&{{{other}*"])  # now allowed: the next waiter is
+            waiter = asyncio.create_task(try_once(Lock(conn, f"{other}b", timeout=10)))
+            await introspect.until_registered(client, f"{other}b", 1)
+            await held[1].release()
+            assert await asyncio.wait_for(waiter, 5)
         finally:
             await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]

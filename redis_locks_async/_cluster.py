@@ -2,10 +2,15 @@
 
 What changes on a cluster, and where it is handled:
 
-* **Scripts** run through the cluster client, which routes an ``EVALSHA`` by its keys. Every key
-  of a lock hashes to one slot (``_keys``: the auxiliary keys carry the name's hash tag), so each
-  script runs on the one primary that owns the lock; redirections (``MOVED``/``ASK``) are the
-  cluster client's business.
+* **Scripts** run on the one primary that owns the lock: every key of a lock hashes to one slot
+  (``_keys``: the auxiliary keys carry the name's hash tag). A script call goes straight to
+  that primary, by the short way of a plain client (:mod:`._wire`) on a connection pool of the
+  topology's own for the node, the node found in the cluster client's slot map
+  (:meth:`Cluster.run_script`). Anything but a reply — a redirection (``MOVED``/``ASK``: the
+  slot moved or is moving), ``TRYAGAIN``, a slot nobody serves, a connection that failed — sends
+  the call through the cluster client instead, whose business redirections and slot-map
+  refreshes are (a script may then run twice: every script is idempotent, as redis-py's own
+  retries already require); a node whose connection failed is avoided for a second.
 * **Announcements** use sharded pub/sub (``SPUBLISH`` in the scripts, ``SSUBSCRIBE`` here): a
   lock's channel lives on the node that owns its slot, and one subscription hub per node
   multiplexes every channel of that node. The hub's connection is a plain connection to that
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable, Sequence
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -45,7 +50,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockError
 from ._runtime import ClientRef, pipelined, transient_error
-from ._scripts import Call
+from ._scripts import ROUTES, Call, EncodableArg
+from ._wire import fast_pool, unobserved
+
+if TYPE_CHECKING:
+    from ._scripts import Script
 
 __all__ = ("Cluster",)
 
@@ -59,17 +68,50 @@ _CLUSTER_TRANSIENT: Final = (
 )
 _REDIRECTED: Final = (AskError, MovedError)
 _NODE_DOWN: Final = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
+# What sends a script call from its node's short way through the cluster client instead.
+_NOT_HERE: Final = _CLUSTER_TRANSIENT + _NODE_DOWN
+_AVOID_FOR: Final = 1.0  # seconds a node whose connection failed gets no short-way calls
 
 
 @final
 class Cluster(ClientRef):
     """The nodes behind a ``RedisCluster`` client (module docstring)."""
 
-    __slots__ = ("__weakref__", "_nodes")
+    __slots__ = ("__weakref__", "_avoid", "_loop", "_nodes")
 
     def __init__(self, client: Any) -> None:
         super().__init__(client)
         self._nodes: dict[str, Redis] = {}
+        self._avoid: dict[str, float] = {}  # node -> loop time until which it is avoided
+        self._loop = asyncio.get_running_loop()
+        ROUTES[client] = self.run_script  # (the latest runtime's: the client's loop now)
+
+    async def run_script(
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableArg]
+    ) -> object:
+        """Run ``script`` on the primary that owns ``keys`` (module docstring): by the short
+        way on that node's own pool, else — redirected, refused for now, the node unreachable,
+        the client used under another event loop, its commands observed (a tracer's wrapper, a
+        subclass's override: they see the library's scripts as before) — through the cluster
+        client."""
+        client = self.client
+        loop = asyncio.get_running_loop()
+        if loop is self._loop and unobserved(client):
+            try:
+                node = client.get_node_from_key(keys[0])
+            except SlotNotCoveredError:  # (a client not initialized yet: no slot map)
+                node = None
+            name = None if node is None else str(node.name)
+            if name is not None and (not self._avoid or self._avoid.get(name, 0.0) < loop.time()):
+                fast = fast_pool(self._node_client(name))
+                if fast is not None:
+                    try:
+                        return await script.run_fast(fast, keys, args)
+                    except _NOT_HERE as exc:
+                        if isinstance(exc, _NODE_DOWN):
+                            self._avoid[name] = loop.time() + _AVOID_FOR
+                        # (the cluster client follows a redirection, and refreshes its map)
+        return await script.run_plain(client, keys, args)
 
     @property
     def sharded(self) -> bool:
@@ -160,6 +202,11 @@ class Cluster(ClientRef):
 
     async def aclose(self) -> None:
         """Close the per-node connections this topology opened."""
+        try:
+            if ROUTES.get(self.client) == self.run_script:
+                del ROUTES[self.client]
+        except LockError:  # the client is gone, and its entry with it
+            pass
         nodes, self._nodes = self._nodes, {}
         for node in nodes.values():
             await node.aclose(close_connection_pool=True)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Coroutine, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol, final
@@ -29,7 +30,7 @@ from typing import Any, Final, NamedTuple, Protocol, final
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
-from ._wire import TORN_DOWN, connection_failed, fast_pool, run_script
+from ._wire import TORN_DOWN, FastPool, connection_failed, fast_pool, run_script
 
 __all__ = (
     "Call",
@@ -51,6 +52,16 @@ class ScriptClient(Protocol):
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: EncodableArg) -> object: ...
 
     def eval(self, script: str, numkeys: int, *keys_and_args: EncodableArg) -> object: ...
+
+
+# A client whose scripts take another way than its own (a ``RedisCluster``: straight to the
+# node that owns the keys, see ``_cluster.Cluster.run_script``) -> that way. Registered by the
+# client's topology; empty unless such a client is in use.
+ROUTES: Final[
+    weakref.WeakKeyDictionary[
+        Any, Callable[[Script, Sequence[str | bytes], Sequence[EncodableArg]], Awaitable[object]]
+    ]
+] = weakref.WeakKeyDictionary()
 
 
 def _read_source(filename: str) -> str:
@@ -119,22 +130,38 @@ class Script:
         """Run with ``EVALSHA``; load with ``EVAL`` when the server does not know the script.
 
         On a plain ``redis.asyncio.Redis`` client the ``EVALSHA`` takes the short way
-        (:mod:`._wire`)."""
+        (:mod:`._wire`); a client with a route of its own (:data:`ROUTES`) takes that."""
         fast = fast_pool(client)
         try:
             if fast is not None:
-                try:
-                    return await run_script(fast, self.sha, tuple(keys), args)
-                except NoScriptError:
-                    return await run_script(fast, self.sha, tuple(keys), args, self.code)
-            try:
-                return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
-            except NoScriptError:
-                return await client.eval(self.code, len(keys), *keys, *args)  # type: ignore[misc,arg-type]
+                return await self.run_fast(fast, keys, args)
+            if ROUTES:
+                route = ROUTES.get(client)
+                if route is not None:
+                    return await route(self, keys, args)
+            return await self.run_plain(client, keys, args)
         except TORN_DOWN as exc:
             # redis-py's own path lets these through too (a connection torn down under a call
             # by pool.disconnect() meanwhile): a connection error for the callers.
             raise connection_failed(exc) from exc
+
+    async def run_fast(
+        self, fast: FastPool, keys: Sequence[str | bytes], args: Sequence[EncodableArg]
+    ) -> object:
+        """Run it by the short way on ``fast``'s pool (:func:`._wire.run_script`)."""
+        try:
+            return await run_script(fast, self.sha, tuple(keys), args)
+        except NoScriptError:
+            return await run_script(fast, self.sha, tuple(keys), args, self.code)
+
+    async def run_plain(
+        self, client: ScriptClient, keys: Sequence[str | bytes], args: Sequence[EncodableArg]
+    ) -> object:
+        """Run it through ``client``'s own ``evalsha`` (and ``eval``)."""
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
+        except NoScriptError:
+            return await client.eval(self.code, len(keys), *keys, *args)  # type: ignore[misc,arg-type]
 
     def __repr__(self) -> str:
         return f"<Script {self.filename} {self.sha[:8]}>"

@@ -256,13 +256,9 @@ def fast_pool(client: object) -> FastPool | None:
     if not _plain_class(type(client), client):
         return None
     client = cast("Redis", client)  # (what _plain_class found)
-    cls = type(client)
     if client.connection is not None:  # single_connection_client
         return None
-    if not (_redis_own(cls.execute_command) and _redis_own(cls.evalsha)):
-        return None
-    own = client.__dict__
-    if "execute_command" in own or "evalsha" in own or _metrics_on():
+    if not unobserved(client):
         return None
     pool = client.connection_pool
     fast = getattr(pool, _FAST, _UNKNOWN)
@@ -270,6 +266,22 @@ def fast_pool(client: object) -> FastPool | None:
         fast = FastPool(pool) if _qualifies(pool) else None
         setattr(pool, _FAST, fast)
     return fast  # type: ignore[return-value]
+
+
+def unobserved(client: object) -> bool:
+    """Whether nothing observes ``client``'s commands (any client class — a ``RedisCluster``
+    too): its ``execute_command`` and ``evalsha`` are redis-py's own, on its class and not
+    replaced on it, and redis-py's metrics are off — so its scripts may go another way than
+    through them (see :func:`fast_pool`)."""
+    cls = type(client)
+    own = client.__dict__
+    return (
+        _redis_own(getattr(cls, "execute_command", None))
+        and _redis_own(getattr(cls, "evalsha", None))
+        and "execute_command" not in own
+        and "evalsha" not in own
+        and not _metrics_on()
+    )
 
 
 async def let_go(client: object) -> None:

@@ -29,6 +29,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
 from redis_locks_async._keys import LockKeys
 from redis_locks_async._notify import presence_channel
+from redis_locks_async._runtime import existing_runtime
 from tests import _introspect
 from tests.servers import ServerProcess, ServerStartError, _admin, running_cluster
 from tests.test_lock_faults import until
@@ -930,6 +931,37 @@ async def test_a_release_in_a_migration_window_changes_nothing_half_way(
         await migrating
     await asyncio.wait_for(asyncio.gather(*waiters), 10.0)
     assert order == sorted(order), order  # a FairLock's line kept its order
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["plain", "observed"])
+async def test_scripts_go_straight_to_the_lock_s_node_unless_observed(
+    cluster: list[RedisCluster], observed: bool
+) -> None:
+    """A lock's scripts go straight to the primary that owns its slot, by the short way on a
+    connection pool of the library's own for that node (B7: redis-py's cluster path cost a
+    hand-over ~60-80 µs per script call) — unless something observes the cluster client's
+    commands (a tracer's wrapper, a subclass's override): it then sees them all, as before."""
+    client = cluster[0]
+    seen: list[object] = []
+    if observed:
+        real = client.execute_command
+
+        async def spy(*args: Any, **kwargs: Any) -> Any:
+            seen.append(args[0])
+            return await real(*args, **kwargs)
+
+        client.execute_command = spy  # type: ignore[method-assign]
+    names = _names_on_every_node(client, "straight")
+    for name in names:
+        async with Lock(client, name, auto_renew=False) as lease:
+            assert lease.fencing_token > 0
+    runtime = existing_runtime(client)
+    assert runtime is not None
+    used = set(runtime.topology._nodes)  # type: ignore[attr-defined]
+    if observed:
+        assert seen.count("EVALSHA") == 2 * len(names) and not used
+    else:
+        assert used == {str(client.get_node_from_key(name).name) for name in names}  # type: ignore[union-attr]
 
 
 async def test_command_line_on_a_cluster(

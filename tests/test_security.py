@@ -372,7 +372,7 @@ class TestAcl:
         try:
             options = {"health_check_interval": 30} if reading == "get_message" else {}
             conn = connect(_user_url(server, user), **options)
-            held = [Lock(client, f"{prefix}a"), Lock(client, f"{other}b"), Lock(client, f"{prefix}c")]
+            held = [Lock(client, name) for name in (f"{prefix}a", f"{other}b", f"{prefix}c")]
             for lock in held:
                 assert await lock.acquire(blocking=False)
             waiting = asyncio.create_task(try_once(Lock(conn, f"{prefix}a", timeout=10)))

@@ -1085,17 +1085,29 @@ class MultiHub:
             hub.done_with(channel)
 
     async def subscribed(self, channel: str, deadline: float | None) -> bool:
-        """Wait until some master confirmed ``channel``; ``False`` once ``deadline`` passed."""
+        """Wait until some master confirmed ``channel``; ``False`` once ``deadline`` passed;
+        a :class:`LockError` when every master that answered refused it (an ACL) and none is
+        left to answer."""
         while True:
             confirmations = [hub.confirmation(channel) for hub in self._hubs]
-            if any(f.done() and not f.cancelled() for f in confirmations):
-                return True
+            refusals = []
+            for confirmation in confirmations:
+                if confirmation.done() and not confirmation.cancelled():
+                    refusal = confirmation.exception()
+                    if refusal is None:
+                        return True
+                    refusals.append(refusal)
             if self._closing:
                 raise LockError("the redis client was closed; create a new client to use locks")
+            pending = [confirmation for confirmation in confirmations if not confirmation.done()]
+            if refusals and not pending:
+                raise LockError(f"cannot wait for a lock: {refusals[0]}")
             left = None if deadline is None else deadline - self._loop.time()
             if left is not None and left <= 0:
                 return False
-            await asyncio.wait(confirmations, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                pending or confirmations, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
 
     def wake_all(self) -> None:
         """Wake every local waiter (closing)."""

@@ -456,12 +456,13 @@ class SubscriptionHub:
         """Wait until ``channel`` is subscribed (the server confirmed it): ``True``, or
         ``False`` when loop time ``deadline`` passed first. The channel's lot must exist."""
         confirmed = self._channels[channel].confirmed
-        if confirmed.done():
-            return True
-        timeout = None if deadline is None else max(0.0, deadline - self._loop.time())
-        await asyncio.wait((confirmed,), timeout=timeout)
-        if self._closing:
-            raise LockError("the redis client was closed; create a new client to use locks")
+        if not confirmed.done():
+            timeout = None if deadline is None else max(0.0, deadline - self._loop.time())
+            await asyncio.wait((confirmed,), timeout=timeout)
+            if self._closing:
+                raise LockError("the redis client was closed; create a new client to use locks")
+        # (Also when it was refused before this waiter asked: a waiter queued behind the one
+        # that failed with the refusal must not take it for "subscribed" and wait deaf.)
         if confirmed.done() and not confirmed.cancelled() and confirmed.exception() is not None:
             raise LockError(f"cannot wait for a lock: {confirmed.exception()}")
         return confirmed.done()

@@ -1401,3 +1401,32 @@ class TestStrayEntries:
 
 async def _no_entries(inspectors: Sequence[aioredis.Redis], name: str) -> bool:
     return not any(await _entries(inspectors, name))
+
+
+async def test_masters_refusing_the_channel_fail_the_wait(
+    masters: list[ServerProcess], clients: Clients
+) -> None:
+    """Regression (attack on the per-lock refusal, stop 29): when every master refused a
+    ``RedLock``'s channel (an ACL that allows its keys but not its channel), the wait took the
+    refusals for confirmations and waited deaf — a release on the masters went unheard, the
+    waiter retried on its timers until its timeout. It now fails at once with the refusal."""
+    user = "deaf-redlock"
+    admins = clients(3)
+    for admin in admins:
+        await admin.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", user, "reset", "on", ">pw", "~*", "+@all", "resetchannels", "&{ok*"
+        )
+    try:
+        urls = [f"redis://{user}:pw@{proc.host}:{proc.port}" for proc in masters[:3]]
+        holder = RedLock(admins, "deaf", lease=10.0)
+        assert await holder.acquire(blocking=False)
+        waiter = RedLock(clients(urls=urls), "deaf", lease=10.0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(LockError, match="refused to subscribe"):
+            await waiter.acquire(timeout=5.0)
+        assert loop.time() - started < 2.0
+        await holder.release()
+    finally:
+        for admin in admins:
+            await admin.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]

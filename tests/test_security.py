@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 import redis.asyncio as aioredis
@@ -254,7 +254,7 @@ async def acl_user(client: aioredis.Redis) -> AsyncIterator[tuple[str, str]]:
         await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
 
 
-async def try_once(lock: Lock) -> bool:
+async def try_once(lock: Any) -> bool:
     """``lock.acquire()`` (its own timeout), released at once if it was taken."""
     if not await lock.acquire():
         return False
@@ -398,5 +398,30 @@ class TestAcl:
             await introspect.until_registered(client, f"{other}b", 1)
             await held[1].release()
             assert await asyncio.wait_for(waiter, 5)
+        finally:
+            await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "Semaphore"])
+    async def test_every_waiter_of_a_refused_channel_fails(
+        self, connect: Connect, client: aioredis.Redis, server: ServerProcess, kind: str
+    ) -> None:
+        """Regression (attack on the per-lock refusal, stop 29): a waiter queued behind the one
+        that failed with the refusal found the channel's confirmation done — with the refusal —
+        and took it for "subscribed": it registered and waited deaf, unwoken by the release,
+        until its timeout (or the holder's lease). Every waiter now fails with the refusal."""
+        user, prefix = f"deaf2-{secrets.token_hex(4)}", f"app{secrets.token_hex(3)}:"
+        rules = [rule for rule in acl_rules(prefix) if not rule.startswith("&")]
+        await set_user(client, user, [*rules, "&elsewhere:*"])
+        try:
+            name = f"{prefix}busy"
+            held = PRIMITIVES[kind](client, name)
+            assert await held.acquire(blocking=False)
+            conn = connect(_user_url(server, user))
+            waiters = [
+                asyncio.create_task(try_once(PRIMITIVES[kind](conn, name))) for _ in range(2)
+            ]
+            outcomes = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 5)
+            assert all(isinstance(o, LockError) and "refused" in str(o) for o in outcomes), outcomes
+            await held.release()
         finally:
             await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]

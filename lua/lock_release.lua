@@ -22,8 +22,9 @@
 --                      ran (a retrying client sent it again), or there was nothing to abandon
 --          {-1, 0}     ARGV[1] does not hold the lock: its lease ended (expired, taken over)
 -- On a free: the lock is handed to the oldest live registration ("g:..." announced, see
--- prelude.lua, hand_over), or deleted — with "f:1" announced when registrations were found
--- dead on the way (with nobody registered, every waiter has an attempt or a timer coming).
+-- prelude.lua, hand_over; the releasing process counts as present), or deleted — with "f:1"
+-- announced when registrations were found dead or away on the way (with nobody registered,
+-- every waiter has an attempt or a timer coming).
 -- A key of another type fails the script with WRONGTYPE before anything is written; an
 -- "abandon" over a hash that is not a lock (foreign data), by an owner not registered, changes
 -- nothing.

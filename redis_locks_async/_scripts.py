@@ -136,7 +136,10 @@ class Script:
             if fast is not None:
                 return await self.run_fast(fast, keys, args)
             if ROUTES:
-                route = ROUTES.get(client)
+                try:
+                    route = ROUTES.get(client)
+                except TypeError:  # (not weakly referable: no route of its own)
+                    route = None
                 if route is not None:
                     return await route(self, keys, args)
             return await self.run_plain(client, keys, args)

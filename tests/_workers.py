@@ -36,6 +36,15 @@ async def worker_process(
     )  # fmt: skip
 
 
+async def reap(procs: Sequence[asyncio.subprocess.Process], within: float = 10.0) -> None:
+    """Kill the workers of ``procs`` still running, and collect every one (its output read to
+    the end, each within ``within`` seconds): a test's teardown."""
+    for proc in procs:
+        if proc.returncode is None:
+            proc.kill()
+        await asyncio.wait_for(proc.communicate(), within)
+
+
 async def readline(proc: asyncio.subprocess.Process, within: float = 15.0) -> str:
     """The next line the worker prints (fails if it ends or stays silent)."""
     assert proc.stdout is not None

@@ -16,7 +16,7 @@ from redis_locks_async import FairLock, Lease, Lock
 from redis_locks_async._fair import FAIR_ACQUIRE
 from redis_locks_async._keys import LockKeys
 from tests import _introspect as introspect
-from tests._workers import readline, worker_process
+from tests._workers import readline, reap, worker_process
 from tests.test_lock_faults import (
     HoldingTask,
     park_unregistered,
@@ -370,10 +370,7 @@ class TestFairLock:
             tokens.append(int((await readline(later)).split()[1]))
             assert tokens == sorted(tokens), "served out of their order of arrival"
         finally:
-            for proc in workers:
-                if proc.returncode is None:
-                    proc.kill()
-                await asyncio.wait_for(proc.communicate(), 10)
+            await reap(workers)
 
     async def test_an_attempt_counts_its_own_process_as_there(
         self, client: aioredis.Redis, name: str

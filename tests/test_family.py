@@ -44,7 +44,15 @@ from redis_locks_async._rwlock import RW_RENEW
 from redis_locks_async._semaphore import SEM_RENEW
 from tests import _introspect as introspect
 from tests._lockworker import Primitive, make_lock
-from tests._workers import Hold, Spawn, assert_exclusive, contend, readline, worker_process
+from tests._workers import (
+    Hold,
+    Spawn,
+    assert_exclusive,
+    contend,
+    readline,
+    reap,
+    worker_process,
+)
 from tests.test_lock import WAIT_FOR_WAYS, assert_wait_for_hands_the_hold_up
 from tests.test_lock_faults import HoldingTask, finish, settle, step, until
 
@@ -113,10 +121,7 @@ async def spawn(redis_url: str) -> AsyncIterator[Spawn]:
     try:
         yield start
     finally:
-        for proc in started:
-            if proc.returncode is None:
-                proc.kill()
-            await asyncio.wait_for(proc.communicate(), 10)
+        await reap(started)
 
 
 @pytest.fixture

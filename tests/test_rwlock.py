@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from redis_locks_async import LockError, ReadWriteLock
 from tests import _introspect as introspect
-from tests._workers import readline, worker_process
+from tests._workers import readline, reap, worker_process
 from tests.test_lock_faults import HoldingTask, park_unregistered, try_once, until
 from tests.test_regressions import key_label
 
@@ -280,10 +280,7 @@ class TestDeadWriterRegistration:
             assert await reader.wait_acquired(within=10) is not None
             await reader.end()
         finally:
-            for proc in workers:
-                if proc.returncode is None:
-                    proc.kill()
-                await asyncio.wait_for(proc.communicate(), 10)
+            await reap(workers)
 
 
     async def test_a_reader_behind_a_writer_that_died_waiting_gets_in_while_readers_hold(
@@ -314,9 +311,7 @@ class TestDeadWriterRegistration:
             assert await reader.wait_acquired(within=10) is not None
             assert loop.time() - died < 1.0 + 1.0, "the reader waited past its claim window"
         finally:
-            if proc.returncode is None:
-                proc.kill()
-            await asyncio.wait_for(proc.communicate(), 10)
+            await reap([proc])
             if reader is not None:
                 await reader.end()
             await holder.end()

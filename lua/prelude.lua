@@ -400,14 +400,15 @@ end
 -- Read/write locks (``ReadWriteLock``) keep one HASH per name: the writer in fields w (owner),
 -- wt (token), wx (expiry, server ms) and we (its re-entries, ",e1,e2,"); each reader in a field
 -- "r:<owner>" -> "<expiry ms>:<token>:<re-entries>". Every hold has its own expiry; the key's
--- TTL is kept at least as long as the longest. rw_state drops expired holds and reads what is
--- left: the writer's owner (or nil), its token and expiry, and how many readers there are. A
--- hash with anything else in it (another kind's lock, a user's data) is `foreign`: nothing of
--- it is dropped, and the caller refuses it.
-local function rw_state(lock, now_ms)
+-- TTL is kept at least as long as the longest. rw_read reads the holds that are live at
+-- `now_ms` (read-only): the writer's owner (or nil), its token and expiry, how many readers
+-- there are and when the first hold ends — and the fields of the holds that expired. A hash
+-- with anything else in it (another kind's lock, a user's data) is `foreign`. rw_state is
+-- rw_read that also drops the expired holds (nothing of a foreign hash is dropped: the caller
+-- refuses it).
+local function rw_read(lock, now_ms)
     local fields = redis.call('HGETALL', lock)
-    local state = {readers = 0}
-    local expired = {}
+    local state = {readers = 0, expired = {}}
     local writer_fields = 0
     for i = 1, #fields, 2 do
         local field, value = fields[i], fields[i + 1]
@@ -423,7 +424,7 @@ local function rw_state(lock, now_ms)
                 state.readers = state.readers + 1
                 state.first_end = math.min(state.first_end or expiry, expiry)
             else
-                expired[#expired + 1] = field
+                state.expired[#state.expired + 1] = field
             end
         elseif field ~= 'we' then  -- ('we': the writer's entries, read where needed)
             -- A field no read/write lock writes (a Lock's "owner", a user's own data): not
@@ -436,14 +437,24 @@ local function rw_state(lock, now_ms)
         state.foreign = true  -- a writer's fields, but not as a read/write lock writes them
         return state
     end
-    for _, field in ipairs(expired) do
-        redis.call('HDEL', lock, field)
-    end
     if state.writer and not (state.expiry and state.expiry >= now_ms) then
-        redis.call('HDEL', lock, 'w', 'wt', 'wx', 'we')
-        state.writer = nil
+        state.writer, state.writer_expired = nil, true
     elseif state.writer then
         state.first_end = math.min(state.first_end or state.expiry, state.expiry)
+    end
+    return state
+end
+
+local function rw_state(lock, now_ms)
+    local state = rw_read(lock, now_ms)
+    if state.foreign then
+        return state
+    end
+    for _, field in ipairs(state.expired) do
+        redis.call('HDEL', lock, field)
+    end
+    if state.writer_expired then
+        redis.call('HDEL', lock, 'w', 'wt', 'wx', 'we')
     end
     return state
 end
@@ -514,11 +525,34 @@ end
 
 -- Semaphores (``Semaphore``) keep their holders in a ZSET owner -> expiry (server ms) under the
 -- semaphore's name; `meta` holds the permit count ("permits"), the fence, and each holder's
--- token ("t:<owner>"). sem_admit drops expired holders and hands the free permits to the live
--- registrations at the front of the line, one announcement naming them all. Returns how many.
+-- token ("t:<owner>").
+-- sem_expire drops the holders whose lease ended before `now_ms`, and their tokens with them
+-- (a permit that ended without a release — its lease lost, its process killed — left its
+-- token in meta for as long as the semaphore stayed in use: one field per lost permit).
+local SEM_EXPIRE_BATCH = 512  -- (unpack's arguments go on the Lua stack: bounded)
+
+local function sem_expire(holders, meta, now_ms)
+    while true do
+        -- (ZRANGE BYSCORE, not ZRANGEBYSCORE: one command less for an ACL to allow)
+        local gone = redis.call('ZRANGE', holders, '-inf', now_ms - 1, 'BYSCORE',
+            'LIMIT', 0, SEM_EXPIRE_BATCH)
+        if #gone == 0 then
+            return
+        end
+        local tokens = {}
+        for i, owner in ipairs(gone) do
+            tokens[i] = 't:' .. owner
+        end
+        redis.call('ZREM', holders, unpack(gone))
+        redis.call('HDEL', meta, unpack(tokens))
+    end
+end
+
+-- sem_admit drops expired holders and hands the free permits to the live registrations at the
+-- front of the line, one announcement naming them all. Returns how many.
 local function sem_admit(holders, meta, queue, channel, sharded, now, permits)
     local now_ms = math.floor(now / 1000)
-    redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms - 1)
+    sem_expire(holders, meta, now_ms)
     local free = permits - redis.call('ZCARD', holders)
     return (grant_batch(meta, queue, channel, sharded, now,
         function(_, count) return count < free end,

@@ -45,7 +45,7 @@ if not permits then
     redis.call('HSET', meta, 'permits', permits)
     keep(meta, lease + AUX_TAIL_MS)
 end
-redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms - 1)
+sem_expire(holders, meta, now_ms)
 evict_vanished(meta, queue, ARGV[7], ARGV[8], function(owner)
     return redis.call('ZSCORE', holders, owner) ~= false
 end)

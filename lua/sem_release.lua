@@ -15,7 +15,9 @@
 --          {0, 0}   released — also when this very release already ran (a retrying client
 --                   sent it again), or there was nothing to abandon
 --          {-1, 0}  ARGV[1] holds no permit: its lease ended
--- A key of another type fails the script with WRONGTYPE before anything is written. The last
+-- A key of another type fails the script with WRONGTYPE before anything is written; an
+-- "abandon" over a sorted set that is not a semaphore's (foreign data) touches nothing of it.
+-- Holders whose lease ended are dropped with their tokens (prelude.lua, sem_expire). The last
 -- release (nobody holds or waits any more) leaves meta a minute to live.
 
 local holders, meta, queue, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -31,9 +33,16 @@ local live = mine and tonumber(mine) >= now_ms
 if mode == 'entry' then
     return live and {1, 1} or {-1, 0}
 end
+local permits = tonumber(redis.call('HGET', meta, 'permits'))
 if mode == 'abandon' then
     release_unheld(meta, queue, done, me, mode, now)
+    if not mine and not permits and sem_foreign(holders) then
+        return {0, 0}  -- KEYS[1] is someone else's sorted set: nothing of it is touched
+    end
 elseif not live then
+    if mine then
+        sem_expire(holders, meta, now_ms)  -- (its own ended permit among them)
+    end
     return release_unheld(meta, queue, done, me, mode, now)
 end
 if mine then
@@ -44,7 +53,7 @@ if mine then
         record_release(meta, token or '0', me, true)
     end
 end
-local permits = tonumber(redis.call('HGET', meta, 'permits')) or tonumber(ARGV[6])
+permits = permits or tonumber(ARGV[6])
 sem_admit(holders, meta, queue, channel, sharded, now, permits)
 if redis.call('ZCARD', holders) == 0 then
     redis.call('DEL', holders)

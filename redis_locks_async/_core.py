@@ -1081,13 +1081,13 @@ class LockBase:
         split = self._policy.transfer_conflict(runtime.holds, current)
         if split is not None:
             raise LockError(f"cannot transfer {self._name!r}: {split}", name=self._name)
-        if self._policy.reentrant and any(
-            (key, task) in runtime.acquiring for key in self._policy.hold_keys
-        ):
+        if any((key, task) in runtime.acquiring for key in self._policy.hold_keys):
             # (Also for the other side of a read/write lock: holding the read side while it
             # waits for the write side, the task would wait for its own read hold; handed the
             # write side while it waits for the read side, its wait never turns into a
-            # downgrade — either way it waits for ever.)
+            # downgrade — either way it waits for ever. And for a semaphore's permit: a task
+            # waiting for a permit of a semaphore whose last permit it was handed waits for
+            # itself.)
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task is waiting in acquire() for "
                 "it and would go on waiting for the hold it was handed; let its acquire() end "

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from ._core import Attempt, LockBase, Policy
 from ._lease import unclaimed
-from ._scripts import Call, Script, ints
+from ._scripts import Call, Script, ints, wrong_type_error
 from ._validation import to_ms
 
 if TYPE_CHECKING:
@@ -116,9 +116,13 @@ class _SidePolicy(Policy):
 
     async def locked(self, client: Any) -> bool:
         """``rw_locked.lua``: the write side is locked while anyone holds the lock, the read
-        side while a writer holds it."""
+        side while a writer holds it. A hash that is not a read/write lock is refused, as an
+        acquisition refuses it."""
         reply = await RW_LOCKED.run(client, (self.keys.name,), (self.side,))
-        return ints([reply], 1)[0] == 1
+        status = ints([reply], 1)[0]
+        if status == -2:
+            raise wrong_type_error(self.keys.name, "inspect", self.keys.name)
+        return status == 1
 
 
 @final

@@ -41,6 +41,7 @@ __all__ = (
     "ints",
     "key_text",
     "translate",
+    "wrong_type_error",
 )
 
 EncodableArg = str | int | float | bytes

@@ -405,8 +405,10 @@ class TestProbeFindings:
             {"foo": "bar", "n": "1"},
             {"r:someone": "hello"},  # looks like a reader, is not one
             {"w": "someone"},  # a writer's field without the rest of a writer
+            {"w": "a", "wt": "1", "wx": "abc"},  # a writer's fields, not as a writer writes them
+            {"owner": "f" * 40, "token": "7"},  # a Lock's
         ],
-        ids=["plain", "reader-like", "writer-like"],
+        ids=["plain", "reader-like", "writer-like", "writer-malformed", "lock"],
     )
     async def test_a_users_hash_under_the_name_is_refused_and_left_alone(
         self, client: aioredis.Redis, name: str, data: dict[str, str]
@@ -414,13 +416,17 @@ class TestProbeFindings:
         """Bug (contract probe, SPEC §3): a user's own hash under a read/write lock's name was
         taken for an empty lock — both sides acquired it, wrote their fields into it, set a
         TTL on it, and the release deleted the whole key. Only a ``Lock``'s ``owner`` field
-        counted as foreign; now any field no read/write lock writes does."""
+        counted as foreign; now any field no read/write lock writes does. Bug (attack pass,
+        stop 30): ``locked()`` answered "free" for such a hash (a ``Lock``'s held one among
+        them), or failed with a raw Lua error on a malformed writer; it refuses it too now."""
         await client.hset(name, mapping=data)  # type: ignore[arg-type]
         rw = ReadWriteLock(client, name, lease=5)
         for side in (rw.read, rw.write):
             with pytest.raises(LockError, match="is not a lock of this kind") as info:
                 await side.acquire(blocking=False)
             assert repr(name) in str(info.value)
+            with pytest.raises(LockError, match=r"cannot inspect .*is not a lock of this kind"):
+                await side.locked()
         assert await client.hgetall(name) == {k.encode(): v.encode() for k, v in data.items()}
         assert await client.pttl(name) == -1
 

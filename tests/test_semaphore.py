@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from redis_locks_async import LockError, LockNotOwnedError, ReadWriteLock, Semaphore
+from redis_locks_async._core import Attempt
 from redis_locks_async._keys import LockKeys
 from tests import _introspect as introspect
 from tests.test_lock_faults import HoldingTask, until
@@ -159,6 +160,84 @@ class TestSemaphore:
             ((k.encode(), v) for k, v in scores.items()), key=lambda item: item[1]
         )
         assert await client.pttl(name) == -1
+
+    async def test_an_abandon_leaves_a_users_sorted_set_alone(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (found reviewing the leak below): an abandon — what a cancelled or timed-out
+        acquisition sends — over a user's sorted set under the semaphore's name went on to
+        admit waiters, dropping the user's members scored in the past as expired holders."""
+        scores = {"carol": 5.0, "alice": 100.0, "bob": 9e15}
+        await client.zadd(name, scores)
+        policy = Semaphore(client, name, 5)._policy
+        reply = await policy.release("ab" * 20, "abandon", "", False).run(client)
+        assert reply == [0, 0]
+        assert await client.zrange(name, 0, -1, withscores=True) == sorted(
+            ((k.encode(), v) for k, v in scores.items()), key=lambda item: item[1]
+        )
+        assert await client.pttl(name) == -1
+
+    async def test_permits_that_end_without_a_release_leave_no_trace(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (attack pass): a permit whose lease ended without a release (lost, or its
+        process killed) left its token field ``t:<owner>`` in the semaphore's meta hash for as
+        long as the semaphore stayed in use — one field per such permit, without bound (300
+        lost permits: 305 fields). Holders whose lease ended are dropped with their tokens:
+        by the next acquisition, and by the release that finds its permit gone."""
+        keeper = Semaphore(client, name, 3, lease=10)
+        assert await keeper.acquire()  # someone keeps the semaphore (and its meta) in use
+        policy = keeper._policy
+        meta = policy.keys.meta
+
+        async def lose_two() -> None:
+            brief = Semaphore(client, name, 3, lease=0.05, auto_renew=False)
+            assert await brief.acquire() and await brief.acquire()
+            await asyncio.sleep(0.08)  # both leases end
+            for _ in range(2):
+                with pytest.raises(LockNotOwnedError):
+                    await brief.release()
+
+        for round_ in range(6):
+            if round_ % 2:
+                await lose_two()
+            else:  # holders that vanish (a killed process): permits taken, never released
+                for owner in (f"{round_:040x}", f"{round_ + 100:040x}"):
+                    attempt = Attempt(owner, 50, False, 2000, 2000, False, "")
+                    reply = await policy.attempt(attempt).run(client)
+                    assert isinstance(reply, list) and reply[0] == 1
+                await asyncio.sleep(0.08)  # (the next acquisition drops them)
+        assert await keeper.acquire(timeout=2)  # (drops what expired meanwhile)
+        fields = await client.hkeys(meta)
+        tokens = [field for field in fields if isinstance(field, bytes) and field.startswith(b"t:")]
+        assert len(tokens) == 2  # the keeper's two permits
+        assert await client.zcard(name) == 2
+        await keeper.release()
+        await keeper.release()
+
+    async def test_a_permit_cannot_be_handed_to_a_task_waiting_for_one(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (attack pass): ``transfer()`` of a permit to a task waiting in ``acquire()`` for
+        the same semaphore was accepted (the check was for reentrant locks only); with the last
+        permit handed to it, that task waited for its own permit — until its timeout, or for
+        ever. Refused now, as for every other lock."""
+        sem = Semaphore(client, name, 1)
+
+        async def wait_then_release() -> bool:
+            took = await sem.acquire(timeout=10)
+            if took:
+                await sem.release()
+            return took
+
+        async with sem:
+            waiter = asyncio.create_task(wait_then_release())
+            await asyncio.sleep(0.1)  # the waiter is parked
+            with pytest.raises(LockError, match="waiting in acquire"):
+                sem.transfer(waiter)
+            assert sem.owned()
+        assert await asyncio.wait_for(waiter, 10) is True
+        assert not await sem.locked()
 
     async def test_a_pool_that_never_frees_up_in_time_is_a_timeout(
         self, redis_url: str, name: str

@@ -35,7 +35,9 @@ as a best-effort fence, with clocks kept in sync (NTP slewing, not stepping).
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import socket
 import warnings
 from collections.abc import Sequence
 from typing import Any, Final, final
@@ -99,19 +101,54 @@ class EvenMastersWarning(UserWarning):
     fewer."""
 
 
-def _identity(client: Any) -> tuple[object, ...] | None:
+def _host(host: object) -> object:
+    """``host`` as one spelling: an IP literal in its canonical form (``127.1`` and
+    ``127.0.0.1`` alike), a name lower-cased without a trailing dot. No DNS lookup: two names
+    of one server (``localhost`` and ``127.0.0.1``) are not told apart."""
+    if not isinstance(host, str):
+        return host
+    text = host.strip().lower().rstrip(".")
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        pass
+    try:
+        return socket.inet_ntoa(socket.inet_aton(text))  # (IPv4 shorthands: 127.1, 0x7f.1)
+    except OSError:
+        return text
+
+
+def _port(port: object) -> object:
+    """``port`` as a number, also when given as a string (redis-py accepts ``"6379"``)."""
+    try:
+        return int(port)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return port
+
+
+def _identities(client: Any) -> list[tuple[object, ...]]:
     """The server a client talks to, as far as its settings tell: its socket path, or host
-    and port. Not its database: two databases of one server fail together, so they are one
-    master, not two votes."""
+    and port, or — for a Sentinel-managed master — each of its Sentinels with the service
+    name (a Sentinel watches one master under a name). Not its database: two databases of one
+    server fail together, so they are one master, not two votes. Any shared identity makes two
+    clients one master."""
     pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    manager = getattr(pool, "sentinel_manager", None)
+    if isinstance(service, str) and manager is not None:
+        found = []
+        for sentinel in getattr(manager, "sentinels", ()):
+            for where in _identities(sentinel):
+                found.append(("sentinel", service, *where[1:]))
+        return found
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict):
-        return None
+        return []
     if kwargs.get("path"):
-        return ("unix", kwargs.get("path"))
+        return [("unix", kwargs.get("path"))]
     if "host" not in kwargs:
-        return None
-    return ("tcp", kwargs.get("host"), kwargs.get("port", 6379))
+        return []
+    return [("tcp", _host(kwargs.get("host")), _port(kwargs.get("port", 6379)))]
 
 
 def _check_masters(masters: object) -> tuple[Any, ...]:
@@ -130,9 +167,7 @@ def _check_masters(masters: object) -> tuple[Any, ...]:
                 f"master {i} must be a redis.asyncio client (redis.asyncio.Redis), not "
                 f"{type(client).__module__}.{type(client).__name__}"
             )
-        for key in (("object", id(client)), _identity(client)):
-            if key is None:
-                continue
+        for key in dict.fromkeys((("object", id(client)), *_identities(client))):
             if key in seen:
                 raise ValueError(
                     f"masters {seen[key]} and {i} are the same server ({key[1:]!r}): a RedLock "

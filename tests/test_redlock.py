@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
 
 from redis_locks_async import (
     LockError,
@@ -179,6 +180,32 @@ class TestValidation:
             sync.close()
         with pytest.raises(ValueError, match="empty"):
             RedLock([a, b, c], "")
+
+    def test_one_server_spelled_twice_is_one_master(self, clients: Clients) -> None:
+        """Bug (attack pass, stop 30: two holders at once after one restart): a master's port
+        given as a string (``port="6390"``, which redis-py accepts) or its host in another
+        spelling (``127.1``, upper case) made one server two votes, and two clients of one
+        Sentinel-managed master were compared as objects only — with 2 of 3 votes on one
+        server, restarting it empty let a second holder in. Now each is the same server."""
+        a, b = clients(2)
+        host = a.connection_pool.connection_kwargs["host"]
+        port = a.connection_pool.connection_kwargs["port"]
+        for twin in (
+            aioredis.Redis(host=host, port=str(port)),  # type: ignore[arg-type]
+            aioredis.Redis(host="127.1" if host == "127.0.0.1" else host.upper(), port=port),
+            aioredis.Redis(host=f" {host} ", port=port),
+        ):
+            with pytest.raises(ValueError, match="same server"):
+                RedLock([a, b, twin], "x")
+        sentinels = [(host, 26379), ("sentinel-b.example", 26380)]
+        first = Sentinel(sentinels).master_for("locks")  # type: ignore[no-untyped-call]
+        second = Sentinel(list(reversed(sentinels))).master_for("locks")  # type: ignore[no-untyped-call]
+        elsewhere = Sentinel([(host, 26379)]).master_for("other-service")  # type: ignore[no-untyped-call]
+        with pytest.raises(ValueError, match="same server"):
+            RedLock([first, second, a], "x")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", EvenMastersWarning)
+            RedLock([first, elsewhere, a, b], "x")  # (another service: another master)
 
     @pytest.mark.parametrize("bad", [0, -1.0, math.nan, 0.5, math.inf])
     def test_bad_node_timeout(self, clients: Clients, bad: float) -> None:

@@ -122,3 +122,52 @@ class TestDeliver:
         assert await waiters[2].sleep(loop.time()) is News.TIMER  # not woken
         lot.deliver(Evicted(process_tag()))  # this process was taken for dead: all re-check
         assert [await waiter.sleep(None) for waiter in waiters[1:]] == [News.RECHECK] * 2
+
+
+class TestRegisteringAgain:
+    """Bug (attack pass, stop 30: a FairLock's line served out of order): the waiters of a
+    process whose registrations the server dropped (taken for dead, or paused past them)
+    registered again with attempts sent at once — woken together by overdue timers or one
+    announcement — that reached the server in any order. A waiter's attempt after its first
+    waits for the answer to the attempt of the nearest waiter ahead of it woken too
+    (``ParkingLot.stirred_ahead``; the server-side behaviour is
+    ``test_fair.py::TestWaitingCost::test_a_paused_process_taken_for_dead_registers_again``)."""
+
+    @staticmethod
+    def _known(lot: ParkingLot, count: int) -> list[Waiter]:
+        loop = asyncio.get_running_loop()
+        waiters = [Waiter(loop, f"w{i}") for i in range(count)]
+        for waiter in waiters:
+            lot.join(waiter)
+            waiter.mark_answered()  # its first attempt was answered
+        return waiters
+
+    async def test_timers_that_fire_together_go_in_line(self) -> None:
+        lot = ParkingLot(1 << 30)
+        first, second, third = self._known(lot, 3)
+        now = asyncio.get_running_loop().time() + 0.01
+        sleeping = [asyncio.create_task(w.sleep(now)) for w in (third, second, first)]
+        assert await asyncio.gather(*sleeping) == [News.TIMER] * 3
+        assert lot.stirred_ahead(first) is None
+        for_first, for_second = lot.stirred_ahead(second), lot.stirred_ahead(third)
+        assert for_first is not None and for_second is not None and for_first is not for_second
+        first.settle()  # answered
+        assert for_first.done() and not for_second.done()
+        assert lot.stirred_ahead(second) is None and lot.stirred_ahead(third) is for_second
+        lot.leave(second)  # (or leaves)
+        assert for_second.done() and lot.stirred_ahead(third) is None
+
+    async def test_an_eviction_wakes_them_in_line_and_sleeping_again_lets_go(self) -> None:
+        lot = ParkingLot(1 << 30)
+        first, second = self._known(lot, 2)
+        assert lot.stirred_ahead(second) is None  # nobody woken: nothing to wait for
+        lot.deliver(Evicted(process_tag()))
+        ahead = lot.stirred_ahead(second)
+        assert ahead is not None and not ahead.done()
+        assert await first.sleep(None) is News.RECHECK
+        sleeping = asyncio.create_task(first.sleep(None))  # back to sleep without an attempt
+        await asyncio.sleep(0)
+        assert ahead.done() and lot.stirred_ahead(second) is None
+        sleeping.cancel()
+        lot.deliver(Grant(2000, 1, {"elsewhere": 3}))  # a later bound stirs nobody
+        assert lot.stirred_ahead(second) is None

@@ -28,7 +28,7 @@ from typing import Any, Final, final
 from redis.exceptions import ResponseError
 
 from ._core import Attempt, LockBase, Policy
-from ._scripts import Call, Script
+from ._scripts import Call, Script, wrong_type_error
 from ._validation import to_ms
 
 __all__ = ("HashLockPolicy", "Lock", "LockPolicy")
@@ -67,12 +67,22 @@ class HashLockPolicy(Policy):
         return Call(LOCK_RENEW, (self.keys.name,), args)
 
     async def locked(self, client: Any) -> bool:
-        """The lock hash exists (a key of another type under the name is an error: the
-        caller names it)."""
-        kind = await client.type(self.keys.name)
+        """The lock hash exists, in one round trip (``TYPE`` and ``HEXISTS … owner``,
+        pipelined). A key of another type under the name is an error (the caller names it),
+        and so is a hash that is not a lock (a user's, a read/write lock's): an acquisition
+        refuses it too."""
+        name = self.keys.name
+        pipe = client.pipeline(transaction=False)
+        pipe.type(name)
+        pipe.hget(name, "owner")
+        kind, owner = await pipe.execute(raise_on_error=False)
         text = kind.decode() if isinstance(kind, bytes) else str(kind)
         if text not in ("none", "hash"):
             raise ResponseError("WRONGTYPE the lock's key holds a value of another type")
+        if isinstance(owner, BaseException):
+            raise owner
+        if text == "hash" and owner is None:
+            raise wrong_type_error(name, "inspect", name)
         return text == "hash"
 
 

@@ -807,10 +807,18 @@ class LockBase:
     # -- public operations ------------------------------------------------------------------
 
     async def locked(self) -> bool:
-        """Whether anyone holds the lock, as the server sees it now."""
+        """Whether anyone holds the lock, as the server sees it now. Bounded like a single
+        attempt: no answer within a second (a paused server, a partition) is a
+        :class:`LockError`."""
         asyncio_task("inspect", self._name)
         try:
-            return await self._policy.locked(self._redis)
+            return await asyncio.wait_for(self._policy.locked(self._redis), TRY_BOUND)
+        except asyncio.TimeoutError as exc:
+            raise LockError(
+                f"cannot inspect {self._name!r}: no reply from the server within "
+                f"{TRY_BOUND:g} s",
+                name=self._name,
+            ) from exc
         except (RedisError, OSError) as exc:
             raise await self._explain(exc, "inspect") from exc
 

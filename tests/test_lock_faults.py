@@ -28,7 +28,16 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lease, Lock, LockError, LockLostError, _notify
+from redis_locks_async import (
+    FairLock,
+    Lease,
+    Lock,
+    LockError,
+    LockLostError,
+    ReadWriteLock,
+    Semaphore,
+    _notify,
+)
 from tests import _introspect as introspect
 from tests._lockworker import Primitive
 from tests._workers import assert_exclusive, contend, worker_process
@@ -1044,6 +1053,30 @@ class TestRenewal:
         finally:
             fault_proxy.heal()
         await holder.release()
+
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "read", "write", "Semaphore"])
+    async def test_locked_is_bounded_when_the_server_is_silent(
+        self, fault_proxy: FaultProxy, proxied: aioredis.Redis, name: str, kind: str
+    ) -> None:
+        """Bug (attack pass, stop 30): ``locked()`` waited for ever on a server that stopped
+        answering (a paused server, a partition; no ``socket_timeout``). It is bounded like a
+        single attempt now: a ``LockError`` after about a second, and it works again after."""
+        rw = ReadWriteLock(proxied, name)
+        lock: Any = {
+            "Lock": Lock(proxied, name), "FairLock": FairLock(proxied, name),
+            "read": rw.read, "write": rw.write, "Semaphore": Semaphore(proxied, name, 2),
+        }[kind]  # fmt: skip
+        assert await lock.locked() is False
+        loop = asyncio.get_running_loop()
+        fault_proxy.blackhole()
+        started = loop.time()
+        try:
+            with pytest.raises(LockError, match=r"cannot inspect .*no reply"):
+                await lock.locked()
+            assert loop.time() - started < 1.5
+        finally:
+            fault_proxy.heal()
+        assert await lock.locked() is False
 
     @pytest.mark.parametrize(
         "socket_timeout",

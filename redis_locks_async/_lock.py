@@ -67,7 +67,7 @@ class HashLockPolicy(Policy):
         return Call(LOCK_RENEW, (self.keys.name,), args)
 
     async def locked(self, client: Any) -> bool:
-        """The lock hash exists, in one round trip (``TYPE`` and ``HEXISTS … owner``,
+        """The lock hash exists, in one round trip (``TYPE`` and ``HGET … owner``,
         pipelined). A key of another type under the name is an error (the caller names it),
         and so is a hash that is not a lock (a user's, a read/write lock's): an acquisition
         refuses it too."""

@@ -1629,7 +1629,6 @@ class LockBase:
                 if not ended.done():
                     return False
             kin_waited = not ordered  # (_kin_first: once, before the first attempt)
-            stirred_at: float | None = None  # when this attempt began to wait for one ahead
             failures = 0
             homed: Hub | None = None  # the hub whose subscription the attempts followed
             call = self._attempt_call(runtime, owner, True, task)
@@ -1662,19 +1661,6 @@ class LockBase:
                     if not ahead.done():
                         return False
                     continue  # (look again: the lot, the turn)
-                ahead = lot.stirred_ahead(waiter) if ordered and waiter.known else None
-                if ahead is not None:
-                    # So do registrations made again (the server dropped them), for
-                    # KIN_PATIENCE at most: a waiter ahead stuck in its attempt holds no one
-                    # back for longer.
-                    if stirred_at is None:
-                        stirred_at = loop.time()
-                    until = _earlier(stirred_at + KIN_PATIENCE, deadline)
-                    if until is not None and until > loop.time():
-                        await asyncio.wait((ahead,), timeout=_left(until, loop))
-                        continue  # (look again: the lot, the turn)
-                    if deadline is not None and loop.time() >= deadline:
-                        return False
                 if not kin_waited:
                     kin_waited = True
                     kin = runtime.kin()
@@ -1703,8 +1689,6 @@ class LockBase:
                     await waiter.sleep(_earlier(loop.time() + delay, deadline))
                     continue
                 waiter.mark_answered()
-                waiter.settle()
-                stirred_at = None
                 failures = 0
                 self._check_reply(reply, "acquire")
                 if reply.status == 1:

@@ -155,7 +155,6 @@ class Waiter:
     """One task of this process waiting for one lock."""
 
     __slots__ = (
-        "_again",
         "_loop",
         "_news",
         "_signal",
@@ -167,7 +166,6 @@ class Waiter:
         "owner",
         "side",
         "since",
-        "stirred",
         "turn",
         "watch",
         "watches",
@@ -203,33 +201,13 @@ class Waiter:
         self.watch: float | None = None  # when this waiter means to re-check the holds ahead
         self._news: News | None = None
         self._signal: asyncio.Future[None] | None = None
-        # Woken for what may be an attempt, not yet answered (see ParkingLot.stirred_ahead);
-        # and the future the waiters behind it await for that answer (created when asked for).
-        self.stirred = False
-        self._again: asyncio.Future[None] | None = None
 
     def notify(self, news: News) -> None:
         """Wake the waiter with ``news`` (a grant or a recheck outranks a later bound)."""
         if self._news is None or self._news is News.LATER or news is News.GRANTED:
             self._news = news
-        if news is not News.LATER:
-            self.stirred = True
         if self._signal is not None and not self._signal.done():
             self._signal.set_result(None)
-
-    def settle(self) -> None:
-        """The waiter's attempt was answered, or it goes back to sleep without one, or it
-        leaves: the waiters behind it need not wait for it (``ParkingLot.stirred_ahead``)."""
-        self.stirred = False
-        again, self._again = self._again, None
-        if again is not None and not again.done():
-            again.set_result(None)
-
-    def settled(self) -> asyncio.Future[None]:
-        """A future that resolves at this stirred waiter's :meth:`settle`."""
-        if self._again is None:
-            self._again = self._loop.create_future()
-        return self._again
 
     def granted(self, token: int, news: Grant) -> None:
         """The lock was handed to this waiter's owner id (``news``: the announcement). A
@@ -281,12 +259,10 @@ class Waiter:
         wakes it in the very next loop iteration: this is the hand-over's hot path.
         """
         if self._news is None:
-            self.settle()  # (back to sleep: no attempt of it to wait for)
             if until is not None and until <= self._loop.time():
-                self.stirred = True
                 return News.TIMER
             signal = self._signal = self._loop.create_future()
-            timer = None if until is None else self._loop.call_at(until, self._wake, signal)
+            timer = None if until is None else self._loop.call_at(until, _wake, signal)
             try:
                 await signal
             finally:
@@ -294,16 +270,12 @@ class Waiter:
                 if timer is not None:
                     timer.cancel()
         news, self._news = self._news, None
-        if news is not News.LATER:
-            self.stirred = True
         return News.TIMER if news is None else news
 
-    def _wake(self, signal: asyncio.Future[None]) -> None:
-        # (Stirred by the timer itself, not when its task runs: a waiter behind it whose
-        # timer fired in the same loop iteration sees it — see ParkingLot.stirred_ahead.)
-        self.stirred = True
-        if not signal.done():
-            signal.set_result(None)
+
+def _wake(signal: asyncio.Future[None]) -> None:
+    if not signal.done():
+        signal.set_result(None)
 
 
 @final
@@ -359,28 +331,10 @@ class ParkingLot:
         assert isinstance(ahead.answered, asyncio.Future)
         return None if ahead.answered.done() else ahead.answered
 
-    def stirred_ahead(self, waiter: Waiter) -> asyncio.Future[None] | None:
-        """Where registrations are ordered, what ``waiter`` awaits before an attempt after its
-        first: the answer to the attempt of the nearest waiter ahead of it that was woken for
-        one too (``None``: nothing to wait for). The server may have dropped the registrations
-        of this process's waiters — it took the process for dead (``x:<tag>``), or they ran
-        out while it was paused or cut off — and the attempts that register them again, sent
-        at once over a pool of connections, reached the server in any order: a later arrival
-        of the process went first. (Iterates up to ``waiter``: a re-attempt, not a hand-over,
-        pays for it.)"""
-        nearest = None
-        for other in self.queue:
-            if other is waiter:
-                break
-            if other.stirred:
-                nearest = other
-        return None if nearest is None else nearest.settled()
-
     def leave(self, waiter: Waiter, *, moving: bool = False) -> None:
         """Take ``waiter`` off the queue (synchronous: safe in ``finally``); the next in line
         becomes active. (``moving``: it joins another lot, and waits there; the one behind it
         here may register at once.)"""
-        waiter.settle()
         if moving:
             waiter.mark_answered()
         else:

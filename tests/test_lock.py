@@ -611,18 +611,25 @@ class TestOwnership:
         await lock.release()
         assert not await lock.locked()
 
+    @pytest.mark.parametrize("kind", ["Lock", "Semaphore"])
     async def test_transfer_to_a_task_waiting_for_the_lock_is_refused(
-        self, client: aioredis.Redis, name: str
+        self, client: aioredis.Redis, name: str, kind: str
     ) -> None:
         """Regression (a task handed the lock while waiting in acquire() waited for itself):
         the transferred hold became the waiting task's, and its acquire() went on waiting for
         the lock that hold kept taken — ``False`` at its timeout, for ever without one (the
         hold renewed all the while). The transfer is refused now; the hold stays with the
-        caller, and the waiter gets the lock once it is released."""
-        lock = Lock(client, name)
+        caller, and the waiter gets the lock once it is released. Bug (attack pass, stop 30):
+        a ``Semaphore``'s permit was still handed over (the check was for reentrant locks
+        only), its last permit to a task waiting for it."""
+
+        def make() -> Lock | Semaphore:
+            return Lock(client, name) if kind == "Lock" else Semaphore(client, name, 1)
+
+        lock = make()
 
         async def wait_then_release() -> bool:
-            other = Lock(client, name)
+            other = make()
             took = await other.acquire(timeout=10)
             if took:
                 await other.release()

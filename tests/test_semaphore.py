@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from tests.faultproxy import FaultProxy
 
 
+async def _assert_untouched(client: aioredis.Redis, name: str, scores: dict[str, float]) -> None:
+    """The user's sorted set ``scores`` under ``name`` is as it was: every member, no TTL."""
+    assert await client.zrange(name, 0, -1, withscores=True) == sorted(
+        ((k.encode(), v) for k, v in scores.items()), key=lambda item: item[1]
+    )
+    assert await client.pttl(name) == -1
+
+
 class TestSemaphore:
     @pytest.mark.parametrize("permits", [1, 3])
     async def test_peak_concurrency_equals_permits(
@@ -156,10 +164,7 @@ class TestSemaphore:
         ):
             with pytest.raises(LockError, match=f"cannot {action} .*is not a lock of this kind"):
                 await call()
-        assert await client.zrange(name, 0, -1, withscores=True) == sorted(
-            ((k.encode(), v) for k, v in scores.items()), key=lambda item: item[1]
-        )
-        assert await client.pttl(name) == -1
+        await _assert_untouched(client, name, scores)
 
     async def test_an_abandon_leaves_a_users_sorted_set_alone(
         self, client: aioredis.Redis, name: str
@@ -172,10 +177,7 @@ class TestSemaphore:
         policy = Semaphore(client, name, 5)._policy
         reply = await policy.release("ab" * 20, "abandon", "", False).run(client)
         assert reply == [0, 0]
-        assert await client.zrange(name, 0, -1, withscores=True) == sorted(
-            ((k.encode(), v) for k, v in scores.items()), key=lambda item: item[1]
-        )
-        assert await client.pttl(name) == -1
+        await _assert_untouched(client, name, scores)
 
     async def test_permits_that_end_without_a_release_leave_no_trace(
         self, client: aioredis.Redis, name: str
@@ -214,30 +216,6 @@ class TestSemaphore:
         assert await client.zcard(name) == 2
         await keeper.release()
         await keeper.release()
-
-    async def test_a_permit_cannot_be_handed_to_a_task_waiting_for_one(
-        self, client: aioredis.Redis, name: str
-    ) -> None:
-        """Bug (attack pass): ``transfer()`` of a permit to a task waiting in ``acquire()`` for
-        the same semaphore was accepted (the check was for reentrant locks only); with the last
-        permit handed to it, that task waited for its own permit — until its timeout, or for
-        ever. Refused now, as for every other lock."""
-        sem = Semaphore(client, name, 1)
-
-        async def wait_then_release() -> bool:
-            took = await sem.acquire(timeout=10)
-            if took:
-                await sem.release()
-            return took
-
-        async with sem:
-            waiter = asyncio.create_task(wait_then_release())
-            await asyncio.sleep(0.1)  # the waiter is parked
-            with pytest.raises(LockError, match="waiting in acquire"):
-                sem.transfer(waiter)
-            assert sem.owned()
-        assert await asyncio.wait_for(waiter, 10) is True
-        assert not await sem.locked()
 
     async def test_a_pool_that_never_frees_up_in_time_is_a_timeout(
         self, redis_url: str, name: str

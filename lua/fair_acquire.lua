@@ -9,7 +9,10 @@
 -- ARGV[2]  lease in milliseconds (> 0)
 -- ARGV[3]  mode: "try"   take the lock if it is free and no live waiter is registered ahead;
 --                 "wait"  the same, and otherwise register ARGV[1] at the end of the line
---                         (arrival = server time of its first registration, kept on refresh)
+--                         (arrival = server time of its first registration, kept on refresh);
+--                 "stay"  as "wait", but only refresh ARGV[1]'s registration: if it has none
+--                         (the server dropped it) register nothing and answer -3 — its process
+--                         registers its waiters again in their order (_parking.py, rearm)
 -- ARGV[4]  registration grace in milliseconds (as in lock_acquire.lua)
 -- ARGV[5]  claim window in milliseconds
 -- ARGV[6]  channel to announce a hand-over on
@@ -21,6 +24,9 @@
 --                                   as in lock_acquire.lua
 --          {-1, 0, 0, 0}            ARGV[1] already gave up: a late duplicate; nothing changed
 --          {-2, 1, 0, 0}            KEYS[1] exists but is not a lock; nothing was changed
+--          {-3, 0, 0, pttl}         "stay": ARGV[1] is not registered (any more); nothing of it
+--                                   was written (a lock owed to the first in line was handed
+--                                   to it, as in "wait")
 -- On a free lock whose last grantee never released it (its process died, or was paused past its
 -- claim window or lease) every registration of that grantee's process is dropped first, and
 -- "x:<process tag>" announced (prelude.lua, evict_vanished).
@@ -48,7 +54,10 @@ if head and head ~= me then
     -- Free, but owed to the first in line (its grantee never confirmed, or the holder's lease
     -- ran out): hand it over as a release would have.
     local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now, {walk = walk})
-    if mode == 'wait' then
+    if mode == 'stay' and not redis.call('ZSCORE', queue, me) then
+        return {-3, 0, 0, ttl}
+    end
+    if mode ~= 'try' then
         register(meta, queue, me, now, lease, claim, grace, ttl)
         return {0, now, 0, ttl}
     end

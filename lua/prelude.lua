@@ -360,7 +360,9 @@ end
 
 -- What an attempt on an existing (held) `lock` HASH answers: the caller's own hold (handed
 -- over while it waited, or taken by an earlier run of the same call), a foreign hash, or
--- "held by another" — registering the caller in "wait" mode. Shared by the lock and fair lock.
+-- "held by another" — registering the caller in "wait" mode, refreshing its registration in
+-- "stay" mode ({-3, 0, 0, pttl} when it has none: see fair_acquire.lua). Shared by the lock
+-- and fair lock.
 local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, claim)
     local held = redis.call('HMGET', lock, 'owner', 'token')
     if held[1] == me then
@@ -370,9 +372,12 @@ local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, cla
         return {-2, 1, 0, 0}
     end
     local pttl = redis.call('PTTL', lock)
-    if mode == 'wait' then
+    if mode == 'wait' or mode == 'stay' then
         if is_done(done, me) then
             return {-1, 0, 0, 0}
+        end
+        if mode == 'stay' and not redis.call('ZSCORE', queue, me) then
+            return {-3, 0, 0, pttl}
         end
         redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
         local now = now_us()

@@ -50,9 +50,10 @@ class FairLockPolicy(HashLockPolicy):
         return attempting or any(not waiter.known for waiter in waiters)
 
     def attempt(self, a: Attempt) -> Call:
-        """``fair_acquire.lua`` in mode "wait" or "try"."""
+        """``fair_acquire.lua`` in mode "try", "wait" (register), or "stay" (a waiter the
+        server knows: only refresh its registration, and answer -3 if it is gone)."""
         keys = self.keys
-        mode = "wait" if a.wait else "try"
+        mode = ("stay" if a.known else "wait") if a.wait else "try"
         args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, keys.channel, int(a.sharded))
         return Call(FAIR_ACQUIRE, keys.script_keys, args)
 

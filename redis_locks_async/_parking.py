@@ -13,6 +13,9 @@ server grants in the order it dated the registrations (``FairLock``:
 ``Policy.ordered_registration``), each waiter sends its first (registering) attempt only once
 the waiter ahead of it has had the answer to its own (:meth:`ParkingLot.turn_to_register`) —
 sent at once over a pool of connections, registrations would reach the server in any order.
+When the server drops the registrations of this process (it was taken for dead: ``x:<tag>``;
+or an attempt that only refreshes one finds it gone) the waiters register again the same way,
+in the lot's order (:meth:`ParkingLot.rearm`).
 
 What releases announce on the lock's channel is decoded by :func:`decode` into one of three
 things, and anything it does not understand is a :class:`Recheck` — never dropped, since a
@@ -162,6 +165,7 @@ class Waiter:
         "answered",
         "arrival",
         "bound",
+        "epoch",
         "grant",
         "owner",
         "side",
@@ -196,6 +200,9 @@ class Waiter:
         # ParkingLot.turn_to_register).
         self.ahead: Waiter | None = None
         self.answered: asyncio.Future[None] | bool = False
+        # How many times the lot had its waiters register again (ParkingLot.rearm): an answer
+        # to an attempt sent before the last time does not count as the answer to its turn.
+        self.epoch = 0
         self.grant: Granted | None = None
         self.bound = 0.0  # with News.LATER: the lock cannot be free before this loop time
         self.watch: float | None = None  # when this waiter means to re-check the holds ahead
@@ -220,8 +227,9 @@ class Waiter:
 
     @property
     def known(self) -> bool:
-        """Whether the server has answered this waiter's first attempt (so it knows of the
-        waiter, if it registers waiters at all)."""
+        """Whether the server has answered this waiter's first attempt — since the lot last
+        had its waiters register again (:meth:`ParkingLot.rearm`) — so it knows of the waiter,
+        if it registers waiters at all."""
         answered = self.answered
         return answered is True or (isinstance(answered, asyncio.Future) and answered.done())
 
@@ -331,6 +339,22 @@ class ParkingLot:
         assert isinstance(ahead.answered, asyncio.Future)
         return None if ahead.answered.done() else ahead.answered
 
+    def rearm(self) -> None:
+        """The server dropped this process's registrations for the lock (it was taken for
+        dead, see :class:`Evicted`; or an attempt that only refreshed one found it gone): every
+        waiter registers again, in the lot's order — each once the one ahead has the answer to
+        its next attempt (:meth:`turn_to_register`), like a burst of arrivals. Sent at once,
+        or each at its own next re-check, they would be registered again (at the back of the
+        line) in any order. The caller wakes them (re-check). Linear in the lot; it happens
+        once per drop."""
+        ahead = None
+        for waiter in self.queue:
+            waiter.epoch += 1
+            if waiter.known:
+                waiter.answered = False
+            waiter.ahead = ahead
+            ahead = waiter
+
     def leave(self, waiter: Waiter, *, moving: bool = False) -> None:
         """Take ``waiter`` off the queue (synchronous: safe in ``finally``); the next in line
         becomes active. (``moving``: it joins another lot, and waits there; the one behind it
@@ -405,6 +429,7 @@ class ParkingLot:
         if isinstance(news, Evicted):
             if news.tag != process_tag():
                 return False
+            self.rearm()
             news = RECHECK
         if isinstance(news, Shortened):
             watcher = self.watcher()

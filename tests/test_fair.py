@@ -15,6 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis_locks_async import FairLock, Lease, Lock
 from redis_locks_async._fair import FAIR_ACQUIRE
 from redis_locks_async._keys import LockKeys
+from redis_locks_async._owners import process_tag
 from tests import _introspect as introspect
 from tests._workers import readline, reap, worker_process
 from tests.test_lock_faults import (
@@ -553,6 +554,49 @@ class TestWaitingCost:
                 await task.end()
                 pending.remove(task)
 
+    @pytest.mark.parametrize("announced", [True, False], ids=["evicted", "dropped-silently"])
+    async def test_waiters_whose_registrations_were_dropped_register_again_in_their_order(
+        self, connect: Connect, client: aioredis.Redis, name: str, announced: bool
+    ) -> None:
+        """Bug: when the server dropped the registrations of a process's FairLock waiters — the
+        process was taken for dead ("x:<tag>": a grantee of it did not confirm within
+        ``claim_timeout``, it was paused), or they were lost unannounced (a failover to a
+        replica that missed them; the "x:" lost with a pub/sub connection) — each waiter
+        registered again at its next attempt, whenever that came (a waiter with a shorter
+        lease refreshes sooner), or all at once: in whatever order, not in their order of
+        arrival, and was then served in that order. Now an attempt that only refreshes a
+        registration is told when it is gone, and the process's waiters register again one
+        after the other, each once the one ahead has its answer, in their order."""
+        holder = HoldingTask(FairLock(connect(), name, lease=1.0))
+        assert await holder.wait_acquired() is not None
+        waiting = connect()
+        served: list[int] = []
+
+        async def wait_in_line(index: int, lease: float) -> None:
+            async with FairLock(waiting, name, lease=lease, timeout=30):
+                served.append(index)
+
+        # The first watches the holder's lease (re-checks when it may end); the second, with a
+        # long lease, would refresh its registration last; the third, one with a short lease,
+        # refreshes it before the second.
+        leases = [1.0, 20.0, 1.0, 20.0]
+        tasks = []
+        for index, lease in enumerate(leases):
+            tasks.append(asyncio.create_task(wait_in_line(index, lease)))
+            await introspect.until_registered(client, name, index + 1)
+        meta, queue = introspect.aux_keys(name)[:2]
+        # What evict_vanished does to a process taken for dead (prelude.lua, drop_process).
+        drop = (
+            "for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do "
+            "redis.call('ZREM', KEYS[2], w) redis.call('HDEL', KEYS[1], 'w:' .. w) end "
+            "if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[1], ARGV[2]) end"
+        )
+        announcement = f"x:{process_tag()}" if announced else ""
+        await client.eval(drop, 2, meta, queue, introspect.channel_of(name), announcement)
+        await introspect.until_registered(client, name, len(leases), within=8)
+        await holder.end()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert served == list(range(len(leases)))
 
 class TestWatchHandOver:
     async def test_a_first_waiter_leaving_before_its_first_reply_passes_the_watch_on(

@@ -9,14 +9,15 @@
 -- ARGV[2]  lease in milliseconds (> 0)
 -- ARGV[3]  mode: "try"   take the lock if it is free and no live waiter is registered ahead;
 --                 "wait"  the same, and otherwise register ARGV[1] at the end of the line
---                         (arrival = server time of its first registration, kept on refresh);
---                 "stay"  as "wait", but only refresh ARGV[1]'s registration: if it has none
---                         (the server dropped it) register nothing and answer -3 — its process
---                         registers its waiters again in their order (_parking.py, rearm)
+--                         (arrival = server time of its first registration, kept on refresh)
 -- ARGV[4]  registration grace in milliseconds (as in lock_acquire.lua)
 -- ARGV[5]  claim window in milliseconds
 -- ARGV[6]  channel to announce a hand-over on
 -- ARGV[7]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
+-- ARGV[8]  "wait": the arrival (server us) the server answered ARGV[1]'s first registration
+--          with, or 0 before that. A registration of a waiter the server knew that is no longer
+--          there (the server dropped it: its process was taken for dead, a failover lost it)
+--          is put back in its place of arrival, not at the end of the line (never later than now)
 -- returns  {1, token, count, pttl}  ARGV[1] holds the lock (as in lock_acquire.lua)
 --          {0, at, 0, pttl}         held by another owner for pttl more ms; or free but owed to
 --                                   the first live waiter in line, which is handed it now (pttl
@@ -24,9 +25,9 @@
 --                                   as in lock_acquire.lua
 --          {-1, 0, 0, 0}            ARGV[1] already gave up: a late duplicate; nothing changed
 --          {-2, 1, 0, 0}            KEYS[1] exists but is not a lock; nothing was changed
---          {-3, 0, 0, pttl}         "stay": ARGV[1] is not registered (any more); nothing of it
---                                   was written (a lock owed to the first in line was handed
---                                   to it, as in "wait")
+--          {-3, at, 0, pttl}        as {0, at, 0, pttl}, and ARGV[1]'s registration was gone:
+--                                   it was put back in its place (ARGV[8]) — the process's
+--                                   other registrations may be gone too
 -- On a free lock whose last grantee never released it (its process died, or was paused past its
 -- claim window or lease) every registration of that grantee's process is dropped first, and
 -- "x:<process tag>" announced (prelude.lua, evict_vanished).
@@ -38,7 +39,7 @@ local me, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local grace, claim = tonumber(ARGV[4]), tonumber(ARGV[5])
 
 if redis.call('EXISTS', lock) == 1 then
-    return attempt_held(lock, meta, queue, done, me, lease, mode, grace, claim)
+    return attempt_held(lock, meta, queue, done, me, lease, mode, grace, claim, ARGV[8])
 end
 
 if is_done(done, me) then
@@ -54,11 +55,11 @@ if head and head ~= me then
     -- Free, but owed to the first in line (its grantee never confirmed, or the holder's lease
     -- ran out): hand it over as a release would have.
     local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now, {walk = walk})
-    if mode == 'stay' and not redis.call('ZSCORE', queue, me) then
-        return {-3, 0, 0, ttl}
-    end
-    if mode ~= 'try' then
-        register(meta, queue, me, now, lease, claim, grace, ttl)
+    if mode == 'wait' then
+        local at = claimed_arrival(ARGV[8], now)
+        if register(meta, queue, me, now, lease, claim, grace, ttl, nil, at) and at then
+            return {-3, now, 0, ttl}
+        end
         return {0, now, 0, ttl}
     end
     return {0, 0, 0, ttl}

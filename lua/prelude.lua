@@ -146,17 +146,30 @@ end
 -- deadline (server time): `grace` ms after the longer of `ttl` (when the current holds end;
 -- -1: unknown) and the waiter's own `lease` — so a waiter far back in a line need not refresh
 -- it while the holds ahead of it change hands. The waiter's next attempt refreshes it.
+-- `register` keeps a registration's first arrival (`at`, default `now`: the arrival of one that
+-- is not there) and returns whether it was not there.
 local function registration(deadline, lease, claim, role)
     return int(deadline) .. ':' .. int(lease) .. ':' .. int(claim) .. ':' .. (role or '')
 end
 
-local function register(meta, queue, owner, now, lease, claim, grace, ttl, role)
+local function register(meta, queue, owner, now, lease, claim, grace, ttl, role, at)
     local lives = grace + math.max(ttl, lease)
-    redis.call('ZADD', queue, 'NX', now, owner)
+    local added = redis.call('ZADD', queue, 'NX', at or now, owner) == 1
     redis.call('HSET', meta, 'w:' .. owner,
         registration(math.floor(now / 1000) + lives, lease, claim, role))
     keep(queue, lives + AUX_TAIL_MS)
     keep(meta, lives + AUX_TAIL_MS)
+    return added
+end
+
+-- The arrival a waiter that the server knew says it had (`arrival`, server microseconds, from
+-- the reply to its first registration) — never later than `now` — or nil (not known: 0).
+local function claimed_arrival(arrival, now)
+    arrival = tonumber(arrival)
+    if not arrival or arrival <= 0 then
+        return nil
+    end
+    return math.min(arrival, now)
 end
 
 local function unregister(meta, queue, owner)
@@ -360,10 +373,10 @@ end
 
 -- What an attempt on an existing (held) `lock` HASH answers: the caller's own hold (handed
 -- over while it waited, or taken by an earlier run of the same call), a foreign hash, or
--- "held by another" — registering the caller in "wait" mode, refreshing its registration in
--- "stay" mode ({-3, 0, 0, pttl} when it has none: see fair_acquire.lua). Shared by the lock
--- and fair lock.
-local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, claim)
+-- "held by another" — registering the caller in "wait" mode; `arrival` (optional, see
+-- fair_acquire.lua) puts a registration the server dropped back in its place, answering -3.
+-- Shared by the lock and fair lock.
+local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, claim, arrival)
     local held = redis.call('HMGET', lock, 'owner', 'token')
     if held[1] == me then
         return {1, tonumber(held[2]), redis.call('HLEN', lock) - 1, redis.call('PTTL', lock)}
@@ -372,16 +385,16 @@ local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, cla
         return {-2, 1, 0, 0}
     end
     local pttl = redis.call('PTTL', lock)
-    if mode == 'wait' or mode == 'stay' then
+    if mode == 'wait' then
         if is_done(done, me) then
             return {-1, 0, 0, 0}
         end
-        if mode == 'stay' and not redis.call('ZSCORE', queue, me) then
-            return {-3, 0, 0, pttl}
-        end
         redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
         local now = now_us()
-        register(meta, queue, me, now, lease, claim, grace, pttl)
+        local at = claimed_arrival(arrival, now)
+        if register(meta, queue, me, now, lease, claim, grace, pttl, nil, at) and at then
+            return {-3, now, 0, pttl}
+        end
         return {0, now, 0, pttl}
     end
     return {0, 0, 0, pttl}

@@ -175,11 +175,10 @@ class Attempt(NamedTuple):
     claim_ms: int  # how long a waiter handed the lock has to confirm it
     sharded: bool  # announce with SPUBLISH, should the attempt hand the lock over
     peer: str  # owner id of the caller's hold on Policy.peer_key, or ""
-    # The server answered an earlier registering attempt of this owner (``Waiter.known``): a
-    # policy that orders registrations (``Policy.ordered_registration``) only refreshes the
-    # registration then, and answers -3 when it is gone — the core has the process's waiters
-    # register again in their order (``ParkingLot.rearm``) instead of this one at the back.
-    known: bool = False
+    # The server's clock (µs) in its answer to this owner's first registration (0: none yet).
+    # A policy that orders registrations (``Policy.ordered_registration``) puts a registration
+    # the server dropped back at this arrival, answering -3 (see :class:`Reply`).
+    arrival_us: int = 0
 
 
 class Reply(NamedTuple):
@@ -187,10 +186,11 @@ class Reply(NamedTuple):
 
     ``status``: 1 held by the caller, 0 held by another owner, -1 refused (not the owner, or a
     late duplicate of an abandoned acquisition), -2 ``token`` is the 1-based index of a key of
-    the wrong type, -3 (an attempt with ``Attempt.known``) the caller's registration is gone
-    and nothing was registered. ``ttl_ms``: the lock's remaining TTL (-1: none). With status 0
-    in "wait" mode ``token`` is the server's clock (µs) when the caller was registered: a
-    grant's own server time is measured from it (see :func:`_claim_end`).
+    the wrong type, -3 as 0, and the caller's registration was gone: it was put back at
+    ``Attempt.arrival_us`` (the process's other registrations may be gone too).
+    ``ttl_ms``: the lock's remaining TTL (-1: none). With status 0 (or -3) in "wait" mode
+    ``token`` is the server's clock (µs) when the caller was registered: a grant's own server
+    time is measured from it (see :func:`_claim_end`).
     """
 
     status: int
@@ -225,9 +225,9 @@ class Policy(ABC):
     # (ParkingLot.turn_to_register) — sent at once, they would reach the server in any order;
     # also after those of other clients of the same server, for KIN_PATIENCE at most
     # (LockBase._kin_first). It costs a round trip per waiter of a burst, so only a policy
-    # that promises FIFO asks. Such a policy's attempt with Attempt.known set must not
-    # register anew: it answers -3 when the registration is gone (the server dropped it), and
-    # the process's waiters register again in their order (ParkingLot.rearm).
+    # that promises FIFO asks. Its attempts carry the arrival the server gave a waiter's first
+    # registration (Attempt.arrival_us): a registration the server dropped meanwhile is put
+    # back in its place (the attempt answers -3, and the process's other waiters re-check).
     ordered_registration: ClassVar[bool] = False
     reentrant: ClassVar[bool] = True  # False: each acquire by a task is a new hold (a permit)
     side: ClassVar[str] = ""  # which side of its lock (a read/write lock's "r" or "w")
@@ -1484,7 +1484,7 @@ class LockBase:
         owner: str,
         wait: bool,
         task: asyncio.Task[Any],
-        known: bool = False,
+        arrival_us: int = 0,
     ) -> Call:
         return self._policy.attempt(
             Attempt(
@@ -1495,7 +1495,7 @@ class LockBase:
                 self._claim_ms,
                 runtime.topology.sharded,
                 self._peer(runtime, task),
-                known,
+                arrival_us,
             )
         )
 
@@ -1646,7 +1646,7 @@ class LockBase:
             failures = 0
             homed: Hub | None = None  # the hub whose subscription the attempts followed
             call = self._attempt_call(runtime, owner, True, task)
-            known = False  # (ordered: whether `call` only refreshes a registration)
+            arrival_us = 0  # (ordered: the server's time of this owner's first registration)
 
             def attempt() -> Awaitable[object]:
                 return self._call(runtime, call.run(self._redis), None, deadline)
@@ -1684,11 +1684,7 @@ class LockBase:
                         if deadline is not None and loop.time() >= deadline:
                             return False
                         continue  # (look again: the client may have been closed meanwhile)
-                if ordered and waiter.known is not known:
-                    known = waiter.known
-                    call = self._attempt_call(runtime, owner, True, task, known)
                 waiter.forget_news()
-                epoch = waiter.epoch
                 sent_at = loop.time()
                 registered = True
                 try:
@@ -1707,19 +1703,18 @@ class LockBase:
                     logger.info("waiting for %r: %r; retrying in %.2fs", self._name, exc, delay)
                     await waiter.sleep(_earlier(loop.time() + delay, deadline))
                     continue
+                waiter.mark_answered()
                 failures = 0
-                if waiter.epoch != epoch or reply.status == -3:
-                    # The server dropped this process's registrations (Evicted: "x:<tag>"), or
-                    # this one's (-3: gone, only the refresh was asked for): its waiters
-                    # register again, each once the one ahead has its answer (ParkingLot.rearm).
-                    # This reply says nothing of that turn: the answer to come will.
-                    if waiter.epoch == epoch:
-                        lot.rearm()
-                        lot.recheck_all()
-                    if reply.status in (0, -3):
-                        continue
-                else:
-                    waiter.mark_answered()
+                if ordered and reply.token > 0 and reply.status in (0, -3):
+                    if reply.status == -3:
+                        # Its registration was gone (put back in its place): the server may
+                        # have dropped this process's others too — they re-check now.
+                        lot.sweep(sent_at)
+                        reply = reply._replace(status=0)
+                    elif not arrival_us:
+                        # From now on a registration the server drops is put back here.
+                        arrival_us = reply.token
+                        call = self._attempt_call(runtime, owner, True, task, arrival_us)
                 self._check_reply(reply, "acquire")
                 if reply.status == 1:
                     self._adopt(runtime, task, owner, reply, sent_at)

@@ -50,11 +50,20 @@ class FairLockPolicy(HashLockPolicy):
         return attempting or any(not waiter.known for waiter in waiters)
 
     def attempt(self, a: Attempt) -> Call:
-        """``fair_acquire.lua`` in mode "try", "wait" (register), or "stay" (a waiter the
-        server knows: only refresh its registration, and answer -3 if it is gone)."""
+        """``fair_acquire.lua`` in mode "wait" or "try"; the last argument is the arrival a
+        registration the server dropped is put back at (``Attempt.arrival_us``)."""
         keys = self.keys
-        mode = ("stay" if a.known else "wait") if a.wait else "try"
-        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, keys.channel, int(a.sharded))
+        mode = "wait" if a.wait else "try"
+        args = (
+            a.owner,
+            a.lease_ms,
+            mode,
+            a.grace_ms,
+            a.claim_ms,
+            keys.channel,
+            int(a.sharded),
+            a.arrival_us,
+        )
         return Call(FAIR_ACQUIRE, keys.script_keys, args)
 
 

@@ -13,9 +13,6 @@ server grants in the order it dated the registrations (``FairLock``:
 ``Policy.ordered_registration``), each waiter sends its first (registering) attempt only once
 the waiter ahead of it has had the answer to its own (:meth:`ParkingLot.turn_to_register`) —
 sent at once over a pool of connections, registrations would reach the server in any order.
-When the server drops the registrations of this process (it was taken for dead: ``x:<tag>``;
-or an attempt that only refreshes one finds it gone) the waiters register again the same way,
-in the lot's order (:meth:`ParkingLot.rearm`).
 
 What releases announce on the lock's channel is decoded by :func:`decode` into one of three
 things, and anything it does not understand is a :class:`Recheck` — never dropped, since a
@@ -28,7 +25,8 @@ dropped announcement would leave waiters sleeping until their lease-bounded time
 * :class:`Freed` — ``n`` units were freed (a lock: 1): that many active waiters re-check;
 * :class:`Evicted` — the registrations of the process with this tag were dropped (it was taken
   for dead): if that is this process after all (it was paused), its active waiters re-check —
-  and so register again;
+  and so register again (a ``FairLock``'s in their places of arrival, see
+  ``Attempt.arrival_us``);
 * :class:`Shortened` — a holder made its lease shorter: the waiters, who sleep at most until
   the end they were last told of, learn the new one — the one that watches the holds ahead for
   its lot (``Policy.one_watcher``), or else every active waiter;
@@ -165,7 +163,6 @@ class Waiter:
         "answered",
         "arrival",
         "bound",
-        "epoch",
         "grant",
         "owner",
         "side",
@@ -200,9 +197,6 @@ class Waiter:
         # ParkingLot.turn_to_register).
         self.ahead: Waiter | None = None
         self.answered: asyncio.Future[None] | bool = False
-        # How many times the lot had its waiters register again (ParkingLot.rearm): an answer
-        # to an attempt sent before the last time does not count as the answer to its turn.
-        self.epoch = 0
         self.grant: Granted | None = None
         self.bound = 0.0  # with News.LATER: the lock cannot be free before this loop time
         self.watch: float | None = None  # when this waiter means to re-check the holds ahead
@@ -227,9 +221,8 @@ class Waiter:
 
     @property
     def known(self) -> bool:
-        """Whether the server has answered this waiter's first attempt — since the lot last
-        had its waiters register again (:meth:`ParkingLot.rearm`) — so it knows of the waiter,
-        if it registers waiters at all."""
+        """Whether the server has answered this waiter's first attempt (so it knows of the
+        waiter, if it registers waiters at all)."""
         answered = self.answered
         return answered is True or (isinstance(answered, asyncio.Future) and answered.done())
 
@@ -281,6 +274,11 @@ class Waiter:
         return News.TIMER if news is None else news
 
 
+# Seconds after every active waiter of a lot re-checked (ParkingLot.sweep) during which a
+# waiter's registration found gone does not make them all re-check again.
+SWEEP_SPACING: Final = 1.0
+
+
 def _wake(signal: asyncio.Future[None]) -> None:
     if not signal.done():
         signal.set_result(None)
@@ -290,12 +288,13 @@ def _wake(signal: asyncio.Future[None]) -> None:
 class ParkingLot:
     """The waiters of one lock in this process, in arrival order (module docstring)."""
 
-    __slots__ = ("_active", "by_owner", "queue")
+    __slots__ = ("_active", "by_owner", "queue", "swept_at")
 
     def __init__(self, active: int = 1) -> None:
         self.queue: deque[Waiter] = deque()
         self.by_owner: dict[str, Waiter] = {}
         self._active = active
+        self.swept_at = -SWEEP_SPACING  # loop time the active waiters last all re-checked
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -338,22 +337,6 @@ class ParkingLot:
             ahead.answered = asyncio.get_running_loop().create_future()
         assert isinstance(ahead.answered, asyncio.Future)
         return None if ahead.answered.done() else ahead.answered
-
-    def rearm(self) -> None:
-        """The server dropped this process's registrations for the lock (it was taken for
-        dead, see :class:`Evicted`; or an attempt that only refreshed one found it gone): every
-        waiter registers again, in the lot's order — each once the one ahead has the answer to
-        its next attempt (:meth:`turn_to_register`), like a burst of arrivals. Sent at once,
-        or each at its own next re-check, they would be registered again (at the back of the
-        line) in any order. The caller wakes them (re-check). Linear in the lot; it happens
-        once per drop."""
-        ahead = None
-        for waiter in self.queue:
-            waiter.epoch += 1
-            if waiter.known:
-                waiter.answered = False
-            waiter.ahead = ahead
-            ahead = waiter
 
     def leave(self, waiter: Waiter, *, moving: bool = False) -> None:
         """Take ``waiter`` off the queue (synchronous: safe in ``finally``); the next in line
@@ -429,7 +412,7 @@ class ParkingLot:
         if isinstance(news, Evicted):
             if news.tag != process_tag():
                 return False
-            self.rearm()
+            self.swept_at = asyncio.get_running_loop().time()  # (see sweep)
             news = RECHECK
         if isinstance(news, Shortened):
             watcher = self.watcher()
@@ -441,6 +424,16 @@ class ParkingLot:
         for waiter in self._actives(count):
             waiter.notify(News.RECHECK)
         return False
+
+    def sweep(self, sent_at: float) -> None:
+        """An attempt sent at loop time ``sent_at`` found its waiter's registration gone (and
+        put it back in its place): the server may have dropped the others too — every active
+        waiter re-checks (which puts each back in its place), unless they all did since
+        ``sent_at`` or just before (within :data:`SWEEP_SPACING`: the re-checks of one sweep
+        find their registrations gone too, and must not start another)."""
+        if sent_at > self.swept_at + SWEEP_SPACING:
+            self.swept_at = asyncio.get_running_loop().time()
+            self.recheck_all()
 
     def recheck_all(self) -> None:
         """Every active waiter re-checks (announcements may have been lost)."""

@@ -438,8 +438,9 @@ class TestWaitingCost:
                 watching.set()
                 async for command in feed.listen():
                     words = shlex.split(str(command.get("command", "")))
-                    if words[:2] == ["EVALSHA", FAIR_ACQUIRE_SHA] and words[-5] == "wait":
-                        attempts[words[-7]] += 1  # the owner id
+                    # EVALSHA sha 5 <5 keys> owner lease mode ...: see fair_acquire.lua
+                    if words[:2] == ["EVALSHA", FAIR_ACQUIRE_SHA] and words[10] == "wait":
+                        attempts[words[8]] += 1  # the owner id
 
         spy = asyncio.create_task(monitor())
         first_in: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -562,11 +563,11 @@ class TestWaitingCost:
         process was taken for dead ("x:<tag>": a grantee of it did not confirm within
         ``claim_timeout``, it was paused), or they were lost unannounced (a failover to a
         replica that missed them; the "x:" lost with a pub/sub connection) — each waiter
-        registered again at its next attempt, whenever that came (a waiter with a shorter
-        lease refreshes sooner), or all at once: in whatever order, not in their order of
-        arrival, and was then served in that order. Now an attempt that only refreshes a
-        registration is told when it is gone, and the process's waiters register again one
-        after the other, each once the one ahead has its answer, in their order."""
+        registered again at the back of the line at its next attempt, whenever that came (a
+        waiter with a shorter lease refreshes sooner): not in their order of arrival, and they
+        were served in that order. Now an attempt carries the arrival the server gave the
+        waiter's first registration, a registration found gone is put back in that place, and
+        the process's other waiters re-check at once (the one with the long lease too)."""
         holder = HoldingTask(FairLock(connect(), name, lease=1.0))
         assert await holder.wait_acquired() is not None
         waiting = connect()

@@ -47,18 +47,34 @@ typecheck: venv
 # pytest once per server binary: `python -m tests.servers --list` prints the bundled Valkey, then
 # the system redis-server if on PATH (or only $$REDIS_SERVER_BIN if set). Tests marked `once`
 # (the wheel, the demo, the examples: what they check does not depend on the server) run in the
-# first pass only. Every run executes even if an earlier one failed; the target fails if any did.
+# first pass only. The passes run side by side (PYTEST_SERIAL=1: one after the other): the suite
+# mostly waits — for leases, claim windows, timeouts — so two passes take about the time of one
+# on 2 cores. Each pass writes to its own log, printed whole when all are done; every pass runs
+# even if another failed, and the target fails if any did.
+PYTEST_SERIAL ?=
 pytest: venv
 	@binaries="$$($(VPY) -m tests.servers --list)" || exit 1; \
-	status=0; marker=""; \
+	logs="$$(mktemp -d)"; marker=""; n=0; \
+	run() { \
+		REDIS_SERVER_BIN="$$1" $(VPY) -m pytest --durations=15 $${2:+-m "$$2"} $(PYTEST_ARGS) \
+			>> "$$3.log" 2>&1; echo $$? > "$$3.status"; \
+	}; \
 	for bin in $$binaries; do \
-		echo ""; \
-		echo "=== pytest against $$($$bin --version)$${marker:+ (tests marked 'once' ran in the first pass)}"; \
-		echo "=== REDIS_SERVER_BIN=$$bin"; \
-		REDIS_SERVER_BIN="$$bin" $(VPY) -m pytest --durations=15 $${marker:+-m "$$marker"} $(PYTEST_ARGS) \
-			|| status=1; \
+		n=$$((n + 1)); \
+		title="pytest against $$($$bin --version)$${marker:+ (tests marked 'once' ran in the first pass)}"; \
+		echo "=== started: $$title"; \
+		{ echo ""; echo "=== $$title"; echo "=== REDIS_SERVER_BIN=$$bin"; } > "$$logs/$$n.log"; \
+		if [ -n "$(PYTEST_SERIAL)" ]; then run "$$bin" "$$marker" "$$logs/$$n"; \
+		else run "$$bin" "$$marker" "$$logs/$$n" & fi; \
 		marker="not once"; \
 	done; \
+	wait; \
+	status=0; \
+	for i in $$(seq 1 $$n); do \
+		cat "$$logs/$$i.log"; \
+		[ "$$(cat "$$logs/$$i.status" 2>/dev/null)" = 0 ] || status=1; \
+	done; \
+	rm -rf "$$logs"; \
 	if [ $$status -ne 0 ]; then echo "=== pytest FAILED on at least one server"; fi; \
 	exit $$status
 
@@ -128,7 +144,7 @@ bench-smoke: venv
 	$(VPY) -m benchmarks --quick --out "$$(mktemp -d)"
 
 # The checks and the making of the subsets' virtualenvs (pip, mostly waiting) run side by side;
-# then the test runs, one after the other (they are timing-sensitive on a 2-core machine).
+# then the fast subsets, one after the other, then the passes over each server (side by side).
 prepare-subsets:
 	@$(MAKE) --no-print-directory pytest-pythons pytest-minimum PREPARE_ONLY=1
 

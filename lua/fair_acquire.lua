@@ -17,7 +17,8 @@
 -- ARGV[8]  "wait": the arrival (server us) the server answered ARGV[1]'s first registration
 --          with, or 0 before that. A registration of a waiter the server knew that is no longer
 --          there (the server dropped it: its process was taken for dead, a failover lost it)
---          is put back in its place of arrival, not at the end of the line (never later than now)
+--          is put back in its place of arrival, not at the end of the line (never later than now;
+--          not for an owner that released the lock lately: a late duplicate of its attempt)
 -- returns  {1, token, count, pttl}  ARGV[1] holds the lock (as in lock_acquire.lua)
 --          {0, at, 0, pttl}         held by another owner for pttl more ms; or free but owed to
 --                                   the first live waiter in line, which is handed it now (pttl
@@ -56,8 +57,7 @@ if head and head ~= me then
     -- ran out): hand it over as a release would have.
     local ttl = hand_over(lock, meta, queue, ARGV[6], ARGV[7], now, {walk = walk})
     if mode == 'wait' then
-        local at = claimed_arrival(ARGV[8], now)
-        if register(meta, queue, me, now, lease, claim, grace, ttl, nil, at) and at then
+        if register_known(meta, queue, me, now, lease, claim, grace, ttl, ARGV[8]) then
             return {-3, now, 0, ttl}
         end
         return {0, now, 0, ttl}

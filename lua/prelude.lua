@@ -172,6 +172,21 @@ local function claimed_arrival(arrival, now)
     return math.min(arrival, now)
 end
 
+-- Register `owner` (see register), a waiter the server knew if `arrival` is its claimed
+-- arrival (claimed_arrival): a registration found gone is put back at it — unless `owner`
+-- released the lock lately (a late duplicate of an attempt of an owner already served: it
+-- goes to the back, like any late attempt). Returns whether it was put back.
+local function register_known(meta, queue, owner, now, lease, claim, grace, ttl, arrival)
+    local at = claimed_arrival(arrival, now)
+    if register(meta, queue, owner, now, lease, claim, grace, ttl, nil, at) and at then
+        if not released_recently(meta, owner) then
+            return true
+        end
+        redis.call('ZADD', queue, 'XX', now, owner)
+    end
+    return false
+end
+
 local function unregister(meta, queue, owner)
     if redis.call('ZREM', queue, owner) == 1 then
         redis.call('HDEL', meta, 'w:' .. owner)
@@ -391,8 +406,7 @@ local function attempt_held(lock, meta, queue, done, me, lease, mode, grace, cla
         end
         redis.call('HGET', meta, 'fence')  -- reads meta before the first write (type check)
         local now = now_us()
-        local at = claimed_arrival(arrival, now)
-        if register(meta, queue, me, now, lease, claim, grace, pttl, nil, at) and at then
+        if register_known(meta, queue, me, now, lease, claim, grace, pttl, arrival) then
             return {-3, now, 0, pttl}
         end
         return {0, now, 0, pttl}

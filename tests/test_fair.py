@@ -15,6 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis_locks_async import FairLock, Lease, Lock
 from redis_locks_async._fair import FAIR_ACQUIRE
 from redis_locks_async._keys import LockKeys
+from redis_locks_async._lock import LOCK_RELEASE
 from redis_locks_async._owners import process_tag
 from tests import _introspect as introspect
 from tests._workers import readline, reap, worker_process
@@ -397,6 +398,48 @@ class TestFairLock:
         assert (await attempt(second, "wait"))[0] == 0
         assert await client.hget(name, "owner") == first.encode()
         assert await introspect.registered_waiters(client, name) == {second}
+
+    async def test_a_registration_found_gone_is_put_back_unless_its_owner_was_served(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """``fair_acquire.lua`` with the arrival the server gave a waiter's first registration
+        (ARGV[8]): a registration found gone (the server dropped it) is put back at that
+        arrival, ahead of those who came later, and the reply says so (-3). But a late
+        duplicate of an attempt of an owner that was served and released (a retrying client's)
+        is not put back at the front, where it would be handed the lock for a claim window:
+        it goes to the back, like any late attempt (helper-38's finding)."""
+        keys = LockKeys.for_name(name)
+        queue = keys.queue
+        # (One process: the releasing one counts as there, so its waiters are handed the lock.)
+        owners = {who: "7" * 8 + f"{i:032x}" for i, who in enumerate("xabcd")}
+
+        async def attempt(who: str, mode: str, arrival: int = 0) -> list[Any]:
+            args = (owners[who], 30_000, mode, 1_000, 2_000, keys.channel, 0, arrival)
+            return await client.evalsha(FAIR_ACQUIRE_SHA, 5, *keys.script_keys, *args)  # type: ignore[no-any-return]
+
+        async def release(who: str) -> None:
+            args = (owners[who], "final", "", keys.channel, "0")
+            assert await client.evalsha(LOCK_RELEASE.sha, 5, *keys.script_keys, *args) == [0, 0]
+
+        await client.script_load(FAIR_ACQUIRE.source)
+        await client.script_load(LOCK_RELEASE.source)
+        assert (await attempt("x", "try"))[0] == 1
+        arrival = {}
+        for who in "ab":
+            status, arrival[who], _, _ = await attempt(who, "wait")
+            assert status == 0
+        await client.zrem(queue, owners["a"])  # the server lost a's registration
+        assert (await attempt("a", "wait", arrival["a"]))[0] == -3  # put back in its place
+        assert await client.zscore(queue, owners["a"]) == arrival["a"]
+        assert (await attempt("a", "wait", arrival["a"]))[0] == 0  # (there: a refresh)
+        await release("x")  # hands it to a
+        await release("a")  # a was served: hands it to b
+        await release("b")
+        assert (await attempt("c", "try"))[0] == 1
+        assert (await attempt("d", "wait"))[0] == 0
+        late = await attempt("a", "wait", arrival["a"])  # a's attempt, re-sent late
+        assert late[0] == 0
+        assert await client.zrange(queue, 0, -1) == [owners["d"].encode(), owners["a"].encode()]
 
     async def test_lock_and_fairlock_of_one_name_are_one_lock(
         self, client: aioredis.Redis, name: str

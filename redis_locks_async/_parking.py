@@ -410,10 +410,9 @@ class ParkingLot:
                         break
             return named > 0
         if isinstance(news, Evicted):
-            if news.tag != process_tag():
-                return False
-            self.swept_at = asyncio.get_running_loop().time()  # (see sweep)
-            news = RECHECK
+            if news.tag == process_tag():
+                self.recheck_all()
+            return False
         if isinstance(news, Shortened):
             watcher = self.watcher()
             if watcher is not None:  # it watches the holds ahead for the whole lot
@@ -430,13 +429,15 @@ class ParkingLot:
         put it back in its place): the server may have dropped the others too — every active
         waiter re-checks (which puts each back in its place), unless they all did since
         ``sent_at`` or just before (within :data:`SWEEP_SPACING`: the re-checks of one sweep
-        find their registrations gone too, and must not start another)."""
+        — or of a reconnection, which also finds registrations gone after a failover — must
+        not start another)."""
         if sent_at > self.swept_at + SWEEP_SPACING:
-            self.swept_at = asyncio.get_running_loop().time()
             self.recheck_all()
 
     def recheck_all(self) -> None:
-        """Every active waiter re-checks (announcements may have been lost)."""
+        """Every active waiter re-checks (announcements may have been lost, registrations
+        dropped: a sweep, see :meth:`sweep`)."""
+        self.swept_at = asyncio.get_running_loop().time()
         self.deliver(RECHECK)
 
     def wake_all(self) -> None:

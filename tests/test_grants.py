@@ -17,6 +17,7 @@ from redis_locks_async._core import _claim_end
 from redis_locks_async._owners import PROCESS_TAG_LEN, new_owner_id, process_tag
 from redis_locks_async._parking import (
     RECHECK,
+    SWEEP_SPACING,
     Evicted,
     Freed,
     Grant,
@@ -122,3 +123,21 @@ class TestDeliver:
         assert await waiters[2].sleep(loop.time()) is News.TIMER  # not woken
         lot.deliver(Evicted(process_tag()))  # this process was taken for dead: all re-check
         assert [await waiter.sleep(None) for waiter in waiters[1:]] == [News.RECHECK] * 2
+
+    async def test_registrations_found_gone_make_the_lot_re_check_once(self) -> None:
+        """A ``FairLock`` attempt that found its registration gone (-3: put back in its place)
+        makes every waiter of its lot re-check — the server may have dropped theirs too — but
+        the re-checks of that sweep, or of a reconnection's, find theirs gone as well and must
+        not each start another (with 10,000 waiters: 10,000 sweeps of 10,000)."""
+        loop = asyncio.get_running_loop()
+        lot = ParkingLot(1 << 30)
+        waiters = [Waiter(loop, f"w{i}") for i in range(3)]
+        for waiter in waiters:
+            lot.join(waiter)
+        sent_at = loop.time()
+        lot.recheck_all()  # a reconnection (or an "x:" for this process)
+        assert [await waiter.sleep(None) for waiter in waiters] == [News.RECHECK] * 3
+        lot.sweep(sent_at)  # an attempt of those re-checks, or one sent just before
+        assert [await waiter.sleep(loop.time()) for waiter in waiters] == [News.TIMER] * 3
+        lot.sweep(loop.time() + SWEEP_SPACING + 0.01)  # sent well after: another drop
+        assert [await waiter.sleep(None) for waiter in waiters] == [News.RECHECK] * 3

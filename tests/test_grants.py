@@ -17,6 +17,7 @@ from redis_locks_async._core import _claim_end
 from redis_locks_async._owners import PROCESS_TAG_LEN, new_owner_id, process_tag
 from redis_locks_async._parking import (
     RECHECK,
+    RECHECK_BATCH,
     SWEEP_SPACING,
     Evicted,
     Freed,
@@ -141,3 +142,25 @@ class TestDeliver:
         assert [await waiter.sleep(loop.time()) for waiter in waiters] == [News.TIMER] * 3
         lot.sweep(loop.time() + SWEEP_SPACING + 0.01)  # sent well after: another drop
         assert [await waiter.sleep(None) for waiter in waiters] == [News.RECHECK] * 3
+
+    async def test_a_large_lot_re_checks_in_batches(self) -> None:
+        """Regression (an attack pass: event-loop stalls of 1.3 to 1.5 s): a lot of 10,000
+        ``FairLock`` waiters woken to re-check at once — a reconnection, a sweep — ran their
+        10,000 attempts in one event-loop iteration. They are woken ``RECHECK_BATCH`` per
+        iteration, in their order, every one of them."""
+        loop = asyncio.get_running_loop()
+        lot = ParkingLot(1 << 30)
+        waiters = [Waiter(loop, f"w{i}") for i in range(2 * RECHECK_BATCH + 1)]
+        for waiter in waiters:
+            lot.join(waiter)
+
+        async def woken() -> list[int]:
+            news = [await waiter.sleep(loop.time()) for waiter in waiters]
+            return [i for i, seen in enumerate(news) if seen is News.RECHECK]
+
+        lot.recheck_all()
+        assert await woken() == list(range(RECHECK_BATCH))
+        await asyncio.sleep(0)
+        assert await woken() == list(range(RECHECK_BATCH, 2 * RECHECK_BATCH))
+        await asyncio.sleep(0)
+        assert await woken() == [2 * RECHECK_BATCH]

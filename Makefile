@@ -61,7 +61,7 @@ pytest: venv
 	}; \
 	for bin in $$binaries; do \
 		n=$$((n + 1)); \
-		title="pytest against $$($$bin --version)$${marker:+ (tests marked 'once' ran in the first pass)}"; \
+		title="pytest against $$($$bin --version)$${marker:+ (tests marked 'once' run in the first pass only)}"; \
 		echo "=== started: $$title"; \
 		{ echo ""; echo "=== $$title"; echo "=== REDIS_SERVER_BIN=$$bin"; } > "$$logs/$$n.log"; \
 		if [ -n "$(PYTEST_SERIAL)" ]; then run "$$bin" "$$marker" "$$logs/$$n"; \

@@ -285,7 +285,6 @@ SWEEP_SPACING: Final = 1.0
 RECHECK_BATCH: Final = 256
 
 
-
 def _wake(signal: asyncio.Future[None]) -> None:
     if not signal.done():
         signal.set_result(None)
@@ -439,12 +438,13 @@ class ParkingLot:
         in later iterations (in their order; one that left meanwhile ignores it). Each batch
         counts as a sweep (:meth:`sweep`): the attempts of the last batches go out later than
         ``SWEEP_SPACING`` after the first when there are many, and must not start another."""
-        self.swept_at = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self.swept_at = loop.time()
         end = start + RECHECK_BATCH
         for waiter in waiters[start:end]:
             waiter.notify(News.RECHECK)
         if end < len(waiters):
-            asyncio.get_running_loop().call_soon(self._recheck_from, waiters, end)
+            loop.call_soon(self._recheck_from, waiters, end)
 
     def sweep(self, sent_at: float) -> None:
         """An attempt sent at loop time ``sent_at`` found its waiter's registration gone (and

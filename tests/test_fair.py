@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 FAIR_ACQUIRE_SHA = FAIR_ACQUIRE.sha
 
 
+async def fair_attempt(
+    client: aioredis.Redis, keys: LockKeys, owner: str, mode: str, arrival: int = 0
+) -> list[Any]:
+    """``fair_acquire.lua`` run by hand (lease 30 s, grace 1 s, claim 2 s; loaded first)."""
+    args = (owner, 30_000, mode, 1_000, 2_000, keys.channel, 0, arrival)
+    return await client.evalsha(FAIR_ACQUIRE_SHA, 5, *keys.script_keys, *args)  # type: ignore[no-any-return]
+
+
 class TestFairLock:
     async def test_grants_in_order_of_arrival_across_clients(
         self, connect: Connect, client: aioredis.Redis, name: str
@@ -387,8 +395,7 @@ class TestFairLock:
         first, second = ("2" * 8 + f"{i:032x}" for i in (1, 2))  # one process, never subscribed
 
         async def attempt(owner: str, mode: str) -> list[Any]:
-            args = (owner, 30_000, mode, 1_000, 2_000, keys.channel, 0)
-            return await client.evalsha(FAIR_ACQUIRE_SHA, 5, *keys.script_keys, *args)  # type: ignore[no-any-return]
+            return await fair_attempt(client, keys, owner, mode)
 
         await client.script_load(FAIR_ACQUIRE.source)
         assert (await attempt("1" * 40, "try"))[0] == 1  # another process holds it
@@ -414,8 +421,7 @@ class TestFairLock:
         owners = {who: "7" * 8 + f"{i:032x}" for i, who in enumerate("xabcd")}
 
         async def attempt(who: str, mode: str, arrival: int = 0) -> list[Any]:
-            args = (owners[who], 30_000, mode, 1_000, 2_000, keys.channel, 0, arrival)
-            return await client.evalsha(FAIR_ACQUIRE_SHA, 5, *keys.script_keys, *args)  # type: ignore[no-any-return]
+            return await fair_attempt(client, keys, owners[who], mode, arrival)
 
         async def release(who: str) -> None:
             args = (owners[who], "final", "", keys.channel, "0")

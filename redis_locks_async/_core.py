@@ -101,6 +101,10 @@ REPLICA_WAIT_FLOOR: Final = 0.05  # seconds a replica sync may wait past the cal
 # when the server stopped answering mid-wait, this is how late a timeout returns (was 0.5 s).
 CLEANUP_GRACE: Final = 0.1
 RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
+# Seconds a waiter's attempt waits for its reply before it gives its connection up and is sent
+# again on another (a connection gone silent — half-open: a NAT or a proxy dropped it — under a
+# client without a socket_timeout would hold the waiter for ever, the lock free meanwhile).
+ATTEMPT_PATIENCE: Final = 5.0
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
 _ARRIVALS: Final = itertools.count(1)  # numbers acquire() calls in this process (Waiter.arrival)
@@ -1648,8 +1652,12 @@ class LockBase:
             call = self._attempt_call(runtime, owner, True, task)
             arrival_us = 0  # (ordered: the server's time of this owner's first registration)
 
+            bound: float | None = None
+
             def attempt() -> Awaitable[object]:
-                return self._call(runtime, call.run(self._redis), None, deadline)
+                nonlocal bound
+                bound = _earlier(loop.time() + ATTEMPT_PATIENCE, deadline)
+                return self._call(runtime, call.run(self._redis), None, bound)
 
             while True:
                 self._check_open(runtime)
@@ -1690,7 +1698,16 @@ class LockBase:
                 try:
                     reply = Reply(*ints(await self._pool_patient(attempt, deadline), 4))
                 except _Expired:
-                    return False
+                    if bound == deadline:
+                        return False
+                    # Unanswered for ATTEMPT_PATIENCE: its connection went with it (silent, or
+                    # the server stopped); the attempt is sent again (idempotent) on another.
+                    logger.warning(
+                        "waiting for %r: no reply to an attempt within %g s; sending it again",
+                        self._name,
+                        ATTEMPT_PATIENCE,
+                    )
+                    continue
                 except (RedisError, OSError) as exc:
                     # (Not answered: while this waiter backs off, those behind it keep waiting
                     # for its registration — FIFO — and leave() lets them go if it gives up.)

@@ -36,6 +36,7 @@ from redis_locks_async import (
     LockLostError,
     ReadWriteLock,
     Semaphore,
+    _core,
     _notify,
 )
 from tests import _introspect as introspect
@@ -778,6 +779,38 @@ class TestPubSubKilled:
         pubsub.get_message = torn_down
         await until(lambda: bool(broken), what="the broken read")
         await _released_once_resubscribed(client, waiting, held, workers, name)
+
+    async def test_waiters_re_check_past_a_silent_command_connection(
+        self,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        connect: Connect,
+        name: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (contract probe, stop 32): every connection of a waiting client went
+        silent at once (half-open: a NAT dropped them; no ``socket_timeout``) and the lock was
+        released meanwhile. The health check found the pub/sub connection dead and reconnected,
+        and the waiters re-checked — on a pooled connection that was silent too, where the
+        attempt waited for ever: the lock stayed free and nobody took it (an acquire without a
+        timeout would never have returned). A waiting attempt not answered within
+        ``ATTEMPT_PATIENCE`` now gives its connection up and is sent again on a new one.
+        (redis-py 8 sets a 5 s ``socket_timeout`` by default, which ended such an attempt:
+        this client turns it off.)"""
+        monkeypatch.setattr(_notify, "_READ_SLICE", 0.1)
+        monkeypatch.setattr(_notify, "PING_AFTER", 0.3)
+        monkeypatch.setattr(_notify, "PING_TIMEOUT", 0.3)
+        monkeypatch.setattr(_core, "ATTEMPT_PATIENCE", 1.0)
+        waiting = connect(url=fault_proxy.url, socket_timeout=None)
+        held = await take(holder, name)
+        workers = await _three_waiters(waiting, client, name)
+        assert fault_proxy.blackhole_where(b"") >= 2  # the pub/sub connection and the pool's
+        await held.release()  # announced into the void
+        await _all_proceed(workers, within=8.0)
+        fault_proxy.heal()
+        await settle(waiting)
+        assert not await client.exists(name)
 
     async def test_release_while_pubsub_down_is_not_missed(
         self,

@@ -105,6 +105,9 @@ RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 # again on another (a connection gone silent — half-open: a NAT or a proxy dropped it — under a
 # client without a socket_timeout would hold the waiter for ever, the lock free meanwhile).
 ATTEMPT_PATIENCE: Final = 5.0
+# What "no reply within TRY_BOUND" may mean (a refused connection is retried by redis-py's Retry
+# for longer than the bound, so its error never reaches the caller).
+_NO_REPLY: Final = " (unreachable, paused, or its connection failing under the client's Retry)"
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
 _ARRIVALS: Final = itertools.count(1)  # numbers acquire() calls in this process (Waiter.arrival)
@@ -828,7 +831,7 @@ class LockBase:
         except asyncio.TimeoutError as exc:
             raise LockError(
                 f"cannot inspect {self._name!r}: no reply from the server within "
-                f"{TRY_BOUND:g} s",
+                f"{TRY_BOUND:g} s{_NO_REPLY}",
                 name=self._name,
             ) from exc
         except (RedisError, OSError) as exc:
@@ -1554,7 +1557,7 @@ class LockBase:
                 if timeout == 0:
                     raise LockError(
                         f"cannot acquire {self._name!r}: no reply from the server within "
-                        f"{TRY_BOUND} s",
+                        f"{TRY_BOUND:g} s{_NO_REPLY}",
                         name=self._name,
                     ) from None
                 return False

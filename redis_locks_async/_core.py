@@ -1543,7 +1543,14 @@ class LockBase:
             # knows whether a permit, a read share, or the lock itself is free for it (a try
             # answered False from the local queue refused a free permit to concurrent tries of
             # a Semaphore).
-            bound = loop.time() + TRY_BOUND if timeout == 0 else deadline
+            bound: float | None
+            if timeout == 0:
+                bound = loop.time() + TRY_BOUND
+            elif runtime.reads_unbounded:
+                # (A silent connection would hold it until the deadline, or for ever.)
+                bound = _earlier(loop.time() + ATTEMPT_PATIENCE, deadline)
+            else:
+                bound = deadline
             sent_at = loop.time()
             if not contended:
                 runtime.begin_try(channel, sent_at)
@@ -1560,7 +1567,16 @@ class LockBase:
                         f"{TRY_BOUND:g} s{_NO_REPLY}",
                         name=self._name,
                     ) from None
-                return False
+                if bound == deadline:
+                    return False
+                # Unanswered for ATTEMPT_PATIENCE (its undo is sent): go on as a waiter, whose
+                # attempts are bounded the same way, each on a connection of its own.
+                logger.warning(
+                    "acquiring %r: no reply to an attempt within %g s; waiting",
+                    self._name,
+                    ATTEMPT_PATIENCE,
+                )
+                reply = None
             except MaxConnectionsError as exc:
                 if timeout == 0:
                     raise await self._explain(exc, "acquire") from exc

@@ -257,6 +257,7 @@ class Runtime:
         "_hubs",
         "_server",
         "_tasks",
+        "_unbounded",
         "_undoing",
         "acquiring",
         "closed",
@@ -297,6 +298,7 @@ class Runtime:
         self.keeper = LeaseKeeper(topology, self.spawn)
         self._hubs: dict[Hashable, Hub] = {}
         self._server: Hashable = _UNKNOWN_SERVER
+        self._unbounded: bool | None = None
 
     @property
     def server(self) -> Hashable | None:
@@ -306,6 +308,15 @@ class Runtime:
         if self._server is _UNKNOWN_SERVER:
             self._server = _server_of(self.topology)
         return self._server
+
+    @property
+    def reads_unbounded(self) -> bool:
+        """Whether the client waits for a reply without end (a plain client's pool built with
+        ``socket_timeout=None``): its acquisitions then bound their first attempt themselves
+        (``_core.ATTEMPT_PATIENCE``). Read once."""
+        if self._unbounded is None:
+            self._unbounded = _reads_unbounded(self.topology)
+        return self._unbounded
 
     def kin(self) -> list[Runtime]:
         """The other open runtimes of this event loop whose clients reach the same server
@@ -539,6 +550,24 @@ class Runtime:
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 _UNKNOWN_SERVER: Final = object()
+
+
+def _reads_unbounded(topology: Topology) -> bool:
+    """See :attr:`Runtime.reads_unbounded` (``False`` where the pool does not tell)."""
+    if not isinstance(topology, Standalone):
+        return False
+    try:
+        pool: Any = getattr(topology.client, "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", None)
+        if pool is None or not isinstance(kwargs, dict):
+            return False
+        if "socket_timeout" in kwargs:
+            return kwargs["socket_timeout"] is None
+        # The connection class's own default (redis-py 8: 5 s; earlier: none). Building a
+        # connection object does no I/O.
+        return getattr(pool.connection_class(**kwargs), "socket_timeout", 0) is None
+    except Exception:  # a pool of another kind: do not guess
+        return False
 
 
 def _server_of(topology: Topology) -> Hashable | None:

@@ -812,6 +812,35 @@ class TestPubSubKilled:
         await settle(waiting)
         assert not await client.exists(name)
 
+    async def test_a_first_attempt_on_a_silent_connection_is_sent_again(
+        self,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        connect: Connect,
+        name: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (stop 32, beside the waiters' case above): on a client with
+        ``socket_timeout=None`` the first, uncontended attempt of an acquire went out on a
+        pooled connection gone silent (half-open) and waited there until the caller's
+        deadline — for ever without one — though the lock was free. Such a client's first
+        attempt is bounded by ``ATTEMPT_PATIENCE`` too: the acquire goes on as a waiter, on a
+        new connection. (A client with a ``socket_timeout`` keeps its own bound: no timer is
+        added to its uncontended acquisitions.)"""
+        monkeypatch.setattr(_core, "ATTEMPT_PATIENCE", 1.0)
+        quiet = connect(url=fault_proxy.url, socket_timeout=None)
+        await quiet.ping()  # the pool's one connection, idle
+        assert fault_proxy.blackhole_where(b"") == 1
+        lock = Lock(quiet, name)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await lock.acquire(timeout=8)
+        assert loop.time() - started < 4.0
+        fault_proxy.heal()
+        await lock.release()
+        await settle(quiet)
+        assert not await client.exists(name)
+
     async def test_release_while_pubsub_down_is_not_missed(
         self,
         proxied: aioredis.Redis,

@@ -337,6 +337,15 @@ class _Expired(Exception):
     """The caller's deadline passed while a command was in flight."""
 
 
+class _Unanswered(Exception):
+    """A waiter's attempt had no reply within ATTEMPT_PATIENCE: wait on as a new owner
+    (``arrival_us``: the server's time of the registration given up, 0 if none)."""
+
+    def __init__(self, arrival_us: int) -> None:
+        super().__init__(arrival_us)
+        self.arrival_us = arrival_us
+
+
 class _JobCancelled(Exception):
     """A command's job task was cancelled under a caller that was not (the client closed)."""
 
@@ -1629,6 +1638,30 @@ class LockBase:
         *,
         first: bool = False,
     ) -> bool:
+        """Wait in line for the lock as ``owner`` (:meth:`_wait_as`); an attempt left without
+        a reply for ``ATTEMPT_PATIENCE`` ends that owner's wait — its clean-up fences off
+        whatever copy of it still lands — and the task waits on, first in its local line,
+        under a new owner id (keeping a ``FairLock`` registration's arrival)."""
+        arrival_us = 0
+        while True:
+            try:
+                return await self._wait_as(
+                    runtime, task, owner, deadline, arrival, first=first, arrival_us=arrival_us
+                )
+            except _Unanswered as unanswered:
+                owner, first, arrival_us = new_owner_id(), True, unanswered.arrival_us
+
+    async def _wait_as(
+        self,
+        runtime: Runtime,
+        task: asyncio.Task[Any],
+        owner: str,
+        deadline: float | None,
+        arrival: int,
+        *,
+        first: bool,
+        arrival_us: int,
+    ) -> bool:
         loop = runtime.loop
         channel = self._policy.keys.channel
         self._check_open(runtime)  # (closed while the first attempt was out: name the lock)
@@ -1668,8 +1701,10 @@ class LockBase:
             kin_waited = not ordered  # (_kin_first: once, before the first attempt)
             failures = 0
             homed: Hub | None = None  # the hub whose subscription the attempts followed
-            call = self._attempt_call(runtime, owner, True, task)
-            arrival_us = 0  # (ordered: the server's time of this owner's first registration)
+            # (ordered: the server's time of this waiter's first registration — of an earlier
+            # owner id of this wait, if it was given up: its first attempt is put back, -3)
+            resumed = arrival_us != 0
+            call = self._attempt_call(runtime, owner, True, task, arrival_us)
 
             bound: float | None = None
 
@@ -1720,13 +1755,15 @@ class LockBase:
                     if bound == deadline:
                         return False
                     # Unanswered for ATTEMPT_PATIENCE: its connection went with it (silent, or
-                    # the server stopped); the attempt is sent again (idempotent) on another.
+                    # the server stopped). Not sent again as this owner: a copy of it landing
+                    # after this task took the lock and released it would take it again.
                     logger.warning(
-                        "waiting for %r: no reply to an attempt within %g s; sending it again",
+                        "waiting for %r: no reply to an attempt within %g s; waiting on as a "
+                        "new owner",
                         self._name,
                         ATTEMPT_PATIENCE,
                     )
-                    continue
+                    raise _Unanswered(arrival_us) from None
                 except (RedisError, OSError) as exc:
                     # (Not answered: while this waiter backs off, those behind it keep waiting
                     # for its registration — FIFO — and leave() lets them go if it gives up.)
@@ -1741,11 +1778,14 @@ class LockBase:
                     continue
                 waiter.mark_answered()
                 failures = 0
+                expected, resumed = resumed, False
                 if ordered and reply.token > 0 and reply.status in (0, -3):
                     if reply.status == -3:
                         # Its registration was gone (put back in its place): the server may
-                        # have dropped this process's others too — they re-check now.
-                        lot.sweep(sent_at)
+                        # have dropped this process's others too — they re-check now. (Not
+                        # when it is this wait's new owner's first: expected.)
+                        if not expected:
+                            lot.sweep(sent_at)
                         reply = reply._replace(status=0)
                     elif not arrival_us:
                         # From now on a registration the server drops is put back here.

@@ -39,6 +39,8 @@ from redis_locks_async import (
     _core,
     _notify,
 )
+from redis_locks_async._keys import LockKeys
+from redis_locks_async._lock import LOCK_ACQUIRE
 from tests import _introspect as introspect
 from tests._lockworker import Primitive
 from tests._workers import assert_exclusive, contend, worker_process
@@ -810,6 +812,46 @@ class TestPubSubKilled:
         await _all_proceed(workers, within=8.0)
         fault_proxy.heal()
         await settle(waiting)
+        assert not await client.exists(name)
+
+    async def test_an_attempt_given_up_takes_nothing_when_it_lands_late(
+        self,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        connect: Connect,
+        name: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (attack pass on the test above's fix, stop 32): a waiting attempt given
+        up after ``ATTEMPT_PATIENCE`` was sent again under the same owner id; a copy of the
+        first that reached the server late (held on its way, not lost) — after the task had
+        taken the lock with the second and released it — found the lock free and took it
+        again for that owner: a ghost hold for a whole lease, nobody to release it (a helper's
+        proxy showed it for every primitive). The wait now goes on under a new owner id, and
+        the one given up is fenced off by its clean-up: its late copy (replayed here) takes
+        nothing."""
+        monkeypatch.setattr(_notify, "_READ_SLICE", 0.1)
+        monkeypatch.setattr(_notify, "PING_AFTER", 0.3)
+        monkeypatch.setattr(_notify, "PING_TIMEOUT", 0.3)
+        monkeypatch.setattr(_core, "ATTEMPT_PATIENCE", 1.0)
+        waiting = connect(url=fault_proxy.url, socket_timeout=None)
+        held = await take(holder, name)
+        worker = HoldingTask(Lock(waiting, name), timeout=10)
+        await until(lambda: registered(client, name), what="the waiter's registration")
+        (given_up,) = await introspect.registered_waiters(client, name)
+        assert fault_proxy.blackhole_where(b"") >= 2  # its re-check after the release is lost
+        await held.release()
+        lease = await asyncio.wait_for(worker.acquired, 8.0)
+        assert lease is not None
+        assert introspect.lease_owner_id(lease) != given_up  # waited on as a new owner
+        await worker.end()
+        fault_proxy.heal()
+        await settle(waiting)
+        late = await LOCK_ACQUIRE.run(
+            client, LockKeys.for_name(name).script_keys, (given_up, 30_000, "wait", 2_000, 2_000)
+        )
+        assert isinstance(late, list) and int(late[0]) == -1, late  # a late duplicate: refused
         assert not await client.exists(name)
 
     async def test_a_first_attempt_on_a_silent_connection_is_sent_again(

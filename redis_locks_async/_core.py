@@ -101,9 +101,10 @@ REPLICA_WAIT_FLOOR: Final = 0.05  # seconds a replica sync may wait past the cal
 # when the server stopped answering mid-wait, this is how late a timeout returns (was 0.5 s).
 CLEANUP_GRACE: Final = 0.1
 RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
-# Seconds a waiter's attempt waits for its reply before it gives its connection up and is sent
-# again on another (a connection gone silent — half-open: a NAT or a proxy dropped it — under a
-# client without a socket_timeout would hold the waiter for ever, the lock free meanwhile).
+# Seconds a waiter's attempt waits for its reply before it gives its connection up and the
+# waiter waits on under a new owner id (LockBase._wait; a connection gone silent — half-open: a
+# NAT or a proxy dropped it — under a client without a socket_timeout would hold the waiter for
+# ever, the lock free meanwhile). Also the first attempt's bound on such a client.
 ATTEMPT_PATIENCE: Final = 5.0
 # What "no reply within TRY_BOUND" may mean (a refused connection is retried by redis-py's Retry
 # for longer than the bound, so its error never reaches the caller).

@@ -727,6 +727,15 @@ async def _released_once_resubscribed(
     assert not await client.exists(name)
 
 
+def _silence_noticed_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A silent pub/sub connection is found dead within ~0.6 s, and a waiter's attempt is
+    given up after 1 s (``ATTEMPT_PATIENCE``)."""
+    monkeypatch.setattr(_notify, "_READ_SLICE", 0.1)
+    monkeypatch.setattr(_notify, "PING_AFTER", 0.3)
+    monkeypatch.setattr(_notify, "PING_TIMEOUT", 0.3)
+    monkeypatch.setattr(_core, "ATTEMPT_PATIENCE", 1.0)
+
+
 class TestPubSubKilled:
     async def test_waiters_proceed_after_pubsub_kill(
         self, client: aioredis.Redis, holder: aioredis.Redis, connect: Connect, name: str
@@ -797,13 +806,11 @@ class TestPubSubKilled:
         and the waiters re-checked — on a pooled connection that was silent too, where the
         attempt waited for ever: the lock stayed free and nobody took it (an acquire without a
         timeout would never have returned). A waiting attempt not answered within
-        ``ATTEMPT_PATIENCE`` now gives its connection up and is sent again on a new one.
+        ``ATTEMPT_PATIENCE`` now gives its connection up, and the waiter waits on under a new
+        owner id (see the next test), on a new connection.
         (redis-py 8 sets a 5 s ``socket_timeout`` by default, which ended such an attempt:
         this client turns it off.)"""
-        monkeypatch.setattr(_notify, "_READ_SLICE", 0.1)
-        monkeypatch.setattr(_notify, "PING_AFTER", 0.3)
-        monkeypatch.setattr(_notify, "PING_TIMEOUT", 0.3)
-        monkeypatch.setattr(_core, "ATTEMPT_PATIENCE", 1.0)
+        _silence_noticed_soon(monkeypatch)
         waiting = connect(url=fault_proxy.url, socket_timeout=None)
         held = await take(holder, name)
         workers = await _three_waiters(waiting, client, name)
@@ -831,10 +838,7 @@ class TestPubSubKilled:
         proxy showed it for every primitive). The wait now goes on under a new owner id, and
         the one given up is fenced off by its clean-up: its late copy (replayed here) takes
         nothing."""
-        monkeypatch.setattr(_notify, "_READ_SLICE", 0.1)
-        monkeypatch.setattr(_notify, "PING_AFTER", 0.3)
-        monkeypatch.setattr(_notify, "PING_TIMEOUT", 0.3)
-        monkeypatch.setattr(_core, "ATTEMPT_PATIENCE", 1.0)
+        _silence_noticed_soon(monkeypatch)
         waiting = connect(url=fault_proxy.url, socket_timeout=None)
         held = await take(holder, name)
         worker = HoldingTask(Lock(waiting, name), timeout=10)

@@ -249,7 +249,7 @@ class Policy(ABC):
     def key_types(self) -> tuple[tuple[str | bytes, str], ...]:
         """Each key of the lock with the Redis type it must have (to name a wrong-type key)."""
         keys = self.keys
-        return ((keys.name, "hash"), (keys.meta, "hash"), (keys.queue, "zset"), (keys.done, "zset"))
+        return ((keys.key, "hash"), (keys.meta, "hash"), (keys.queue, "zset"), (keys.done, "zset"))
 
     @property
     def hold_key(self) -> Hashable:

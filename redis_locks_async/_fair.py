@@ -60,7 +60,7 @@ class FairLockPolicy(HashLockPolicy):
             mode,
             a.grace_ms,
             a.claim_ms,
-            keys.channel,
+            keys.wire_channel,
             int(a.sharded),
             a.arrival_us,
         )

@@ -166,9 +166,7 @@ def _took(reply: object) -> bool:
 def _refusal(reply: object) -> bool:
     """A master's script refused the call and changed nothing there: a key of another type
     (an error that is not transient) or of another kind (``-2``)."""
-    return (isinstance(reply, ResponseError) and not transient_error(reply)) or _status(
-        reply
-    ) == -2
+    return (isinstance(reply, ResponseError) and not transient_error(reply)) or _status(reply) == -2
 
 
 @final
@@ -197,7 +195,8 @@ class _Owner:
 
     def __init__(self, keys: tuple[str | bytes, ...], node_timeout: float) -> None:
         self.keys = keys  # the lock's script keys (the clean-ups address them too)
-        self.channel = LockKeys.for_name(str(keys[0]), LAYOUT).channel
+        name = keys[0].decode("utf-8") if isinstance(keys[0], bytes) else keys[0]
+        self.channel = LockKeys.for_name(name, LAYOUT).wire_channel  # (an argument of scripts)
         self.value: str | None = None  # the round's value that holds the quorum
         self.open: set[str] = set()  # values that may be on some master (not swept yet)
         # The masters whose attempt of ``value``'s round may still be in flight (no reply, no
@@ -374,7 +373,7 @@ class FanOut:
                 return text
         return "none"
 
-    async def holds_key(self, key: str, node_timeout: float) -> bool:
+    async def holds_key(self, key: str | bytes, node_timeout: float) -> bool:
         """Whether the lock hash ``key`` is on a quorum of masters (``QuorumError`` if too few
         answer within ``node_timeout``; ``WRONGTYPE`` if so many hold another type under it
         that no quorum could ever hold the lock)."""

@@ -18,9 +18,15 @@ first form nothing follows it, in the other two the full name does. So ``x`` and
 Auxiliary keys are ``P(name) + b"\\xff" + kind``. The byte ``0xFF`` never occurs in UTF-8 text,
 and lock names are text, so **no lock name can ever equal another lock's auxiliary key** (a lock
 named ``"{x}\\xffmeta"`` in Python is the UTF-8 key ``{x}\\xc3\\xbfmeta``). Auxiliary keys are
-therefore bytes. Channels come back in every pub/sub message, which a client built with
-``decode_responses=True`` decodes as UTF-8, so channels stay text: ``P(name) + ":" + kind``
-(channels live in their own namespace, so only injectivity among channels matters).
+therefore bytes, and so is the main key (:attr:`LockKeys.key`, the name in UTF-8) and the
+channel as the scripts publish and the hub subscribes it (:attr:`LockKeys.wire_channel`):
+**every name goes out in UTF-8 whatever the client's ``encoding``**. A client built with
+``encoding="latin-1"`` would otherwise send the name ``"{x}\\xffqueue"`` as the bytes of lock
+``x``'s queue key; and its hub, which reads channel names as UTF-8, never recognised the
+confirmation of a non-ASCII channel (it re-subscribed every 2 s, and its waiters never woke).
+Clients of different encodings agree on a lock's keys. In the library channels are text,
+``P(name) + ":" + kind`` (:attr:`LockKeys.channel`; channels live in their own namespace, so
+only injectivity among channels matters).
 
 The **guard** key (``P(name) + b"\\xffguard"``) is never written: the scripts that may delete or
 empty a key declare it (their last ``KEYS``) so that a cluster node whose slot is being migrated
@@ -114,10 +120,12 @@ class LockKeys:
     """Every Redis name one lock uses (see the module docstring for why they never collide)."""
 
     name: str
+    key: bytes
     meta: bytes
     queue: bytes
     done: bytes
     channel: str
+    wire_channel: bytes
     guard: bytes
 
     @classmethod
@@ -132,19 +140,22 @@ class LockKeys:
         aux = prefix.encode("utf-8") + AUX_SEPARATOR
         if kind != "lock":
             aux += kind.encode("ascii") + b"."
+        channel = prefix + ":" + kind
         return cls(
             name=name,
+            key=name.encode("utf-8"),
             meta=aux + b"meta",
             queue=aux + b"queue",
             done=aux + b"done",
-            channel=prefix + ":" + kind,
+            channel=channel,
+            wire_channel=channel.encode("utf-8"),
             guard=aux + b"guard",
         )
 
     @property
-    def script_keys(self) -> tuple[str, bytes, bytes, bytes, bytes]:
+    def script_keys(self) -> tuple[bytes, bytes, bytes, bytes, bytes]:
         """The ``KEYS`` of the lock scripts, in their contract order (the guard last)."""
-        return (self.name, self.meta, self.queue, self.done, self.guard)
+        return (self.key, self.meta, self.queue, self.done, self.guard)
 
     @property
     def aux_keys(self) -> tuple[bytes, bytes, bytes]:

@@ -48,33 +48,33 @@ class HashLockPolicy(Policy):
 
     def reenter(self, owner: str, entry: str, lease_ms: int, sharded: bool = False) -> Call:
         """``lock_reenter.lua``."""
-        args = (owner, entry, lease_ms, self.keys.channel, "1" if sharded else "0")
-        return Call(LOCK_REENTER, (self.keys.name,), args)
+        args = (owner, entry, lease_ms, self.keys.wire_channel, "1" if sharded else "0")
+        return Call(LOCK_REENTER, (self.keys.key,), args)
 
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """``lock_release.lua``."""
         return Call(
             LOCK_RELEASE,
             self.keys.script_keys,
-            (owner, mode, entry, self.keys.channel, "1" if sharded else "0"),
+            (owner, mode, entry, self.keys.wire_channel, "1" if sharded else "0"),
         )
 
     def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
         """``lock_renew.lua``."""
         if sharded is None:
-            return Call(LOCK_RENEW, (self.keys.name,), (owner, to_ms(lease)))
-        args = (owner, to_ms(lease), self.keys.channel, "1" if sharded else "0")
-        return Call(LOCK_RENEW, (self.keys.name,), args)
+            return Call(LOCK_RENEW, (self.keys.key,), (owner, to_ms(lease)))
+        args = (owner, to_ms(lease), self.keys.wire_channel, "1" if sharded else "0")
+        return Call(LOCK_RENEW, (self.keys.key,), args)
 
     async def locked(self, client: Any) -> bool:
         """The lock hash exists, in one round trip (``TYPE`` and ``HGET … owner``,
         pipelined). A key of another type under the name is an error (the caller names it),
         and so is a hash that is not a lock (a user's, a read/write lock's): an acquisition
         refuses it too."""
-        name = self.keys.name
+        name, key = self.keys.name, self.keys.key
         pipe = client.pipeline(transaction=False)
-        pipe.type(name)
-        pipe.hget(name, "owner")
+        pipe.type(key)
+        pipe.hget(key, "owner")
         kind, owner = await pipe.execute(raise_on_error=False)
         text = kind.decode() if isinstance(kind, bytes) else str(kind)
         if text not in ("none", "hash"):
@@ -82,7 +82,7 @@ class HashLockPolicy(Policy):
         if isinstance(owner, BaseException):
             raise owner
         if text == "hash" and owner is None:
-            raise wrong_type_error(name, "inspect", name)
+            raise wrong_type_error(name, "inspect", key)
         return text == "hash"
 
 

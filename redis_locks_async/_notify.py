@@ -66,6 +66,7 @@ channel is left (the last one's linger over), the listener closes it (:meth:`_re
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import logging
 import os
@@ -141,6 +142,23 @@ def _of_another_loop(exc: BaseException) -> bool:
 
 def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _wire(arg: str) -> bytes:
+    """A channel (or PING text) as the hub sends it: UTF-8, whatever the client's encoding —
+    as the scripts publish it (``_keys.LockKeys.wire_channel``) and as the hub reads it back."""
+    return arg.encode("utf-8")
+
+
+def _channel_text(value: object, pubsub: Any) -> str:
+    """A channel name redis-py read for the listener: decoded with the client's encoding when
+    it decodes responses — undone here, as the name went out in UTF-8 (:func:`_wire`)."""
+    if isinstance(value, str):
+        encoder = getattr(pubsub, "encoder", None)
+        encoding = getattr(encoder, "encoding", "utf-8")
+        if codecs.lookup(encoding).name != "utf-8":
+            value = value.encode(encoding, "replace")
+    return _text(value)
 
 
 class Hub(Protocol):
@@ -587,9 +605,10 @@ class SubscriptionHub:
         reading), and on a reconnection of its own subscribe them all again on a connection
         nobody reads — the hub reconnects by itself."""
         tap = self._tap
+        wire = map(_wire, args)
         if tap is not None and tap.conn is pubsub.connection:
-            return tap.conn.send_command(command.upper(), *args, check_health=False)  # type: ignore[no-any-return]
-        return getattr(pubsub, command)(*args)  # type: ignore[no-any-return]
+            return tap.conn.send_command(command.upper(), *wire, check_health=False)  # type: ignore[no-any-return]
+        return getattr(pubsub, command)(*wire)  # type: ignore[no-any-return]
 
     def _untap(self) -> None:
         """What the current tap reads from now on is not acted on (its connection goes)."""
@@ -757,7 +776,9 @@ class SubscriptionHub:
                 failures = 0
                 last_rx, ping_sent, heard = now if tap is None else tap.last_rx, None, True
                 if message is not None and self._dispatch(
-                    _text(message.get("type")), _text(message.get("channel")), message.get("data")
+                    _text(message.get("type")),
+                    _channel_text(message.get("channel"), pubsub),
+                    message.get("data"),
                 ):
                     # Let the waiter that was just handed the lock run before this task goes
                     # back into redis-py: the hand-over's latency is the waiter's, not ours.

@@ -83,13 +83,15 @@ class RedLockPolicy(HashLockPolicy):
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """``lock_release.lua``, announcing every free."""
         keys = self.keys
-        return Call(LOCK_RELEASE, keys.script_keys, (owner, mode, entry, keys.channel, "0", "1"))
+        return Call(
+            LOCK_RELEASE, keys.script_keys, (owner, mode, entry, keys.wire_channel, "0", "1")
+        )
 
     async def locked(self, client: Any) -> bool:
         """Whether a quorum of masters has the lock's key (an inspection, not a round of the
         algorithm: each master is given at least half a second, a first connection included)."""
         fan: FanOut = client
-        return await fan.holds_key(self.keys.name, max(self.node_timeout, INSPECT_TIMEOUT))
+        return await fan.holds_key(self.keys.key, max(self.node_timeout, INSPECT_TIMEOUT))
 
     def margin(self, lease: float) -> float:
         """The clock-drift allowance: lease·0.01 + 2 ms."""

@@ -78,26 +78,26 @@ class _SidePolicy(Policy):
         keys = self.keys
         mode = "wait" if a.wait else "try"
         side, prefer = self.side, self._prefer
-        args = (a.owner, side, a.lease_ms, mode, a.grace_ms, a.claim_ms, keys.channel)
+        args = (a.owner, side, a.lease_ms, mode, a.grace_ms, a.claim_ms, keys.wire_channel)
         return Call(RW_ACQUIRE, keys.script_keys, (*args, int(a.sharded), prefer, a.peer))
 
     def reenter(self, owner: str, entry: str, lease_ms: int, sharded: bool = False) -> Call:
         """``rw_reenter.lua``."""
-        args = (owner, self.side, entry, lease_ms, self.keys.channel, "1" if sharded else "0")
-        return Call(RW_REENTER, (self.keys.name,), args)
+        args = (owner, self.side, entry, lease_ms, self.keys.wire_channel, "1" if sharded else "0")
+        return Call(RW_REENTER, (self.keys.key,), args)
 
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """``rw_release.lua``."""
         keys = self.keys
-        args = (owner, self.side, mode, entry, keys.channel, "1" if sharded else "0")
+        args = (owner, self.side, mode, entry, keys.wire_channel, "1" if sharded else "0")
         return Call(RW_RELEASE, keys.script_keys, args)
 
     def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
         """``rw_renew.lua``."""
         if sharded is None:
-            return Call(RW_RENEW, (self.keys.name,), (owner, self.side, to_ms(lease)))
-        args = (owner, self.side, to_ms(lease), self.keys.channel, "1" if sharded else "0")
-        return Call(RW_RENEW, (self.keys.name,), args)
+            return Call(RW_RENEW, (self.keys.key,), (owner, self.side, to_ms(lease)))
+        args = (owner, self.side, to_ms(lease), self.keys.wire_channel, "1" if sharded else "0")
+        return Call(RW_RENEW, (self.keys.key,), args)
 
     def transfer_conflict(
         self, holds: Mapping[tuple[Hashable, asyncio.Task[Any]], Hold], task: asyncio.Task[Any]
@@ -118,10 +118,10 @@ class _SidePolicy(Policy):
         """``rw_locked.lua``: the write side is locked while anyone holds the lock, the read
         side while a writer holds it. A hash that is not a read/write lock is refused, as an
         acquisition refuses it."""
-        reply = await RW_LOCKED.run(client, (self.keys.name,), (self.side,))
+        reply = await RW_LOCKED.run(client, (self.keys.key,), (self.side,))
         status = ints([reply], 1)[0]
         if status == -2:
-            raise wrong_type_error(self.keys.name, "inspect", self.keys.name)
+            raise wrong_type_error(self.keys.name, "inspect", self.keys.key)
         return status == 1
 
 

@@ -69,13 +69,13 @@ class SemaphorePolicy(Policy):
     def key_types(self) -> tuple[tuple[str | bytes, str], ...]:
         """The holders are a sorted set."""
         keys = self.keys
-        return ((keys.name, "zset"), (keys.meta, "hash"), (keys.queue, "zset"), (keys.done, "zset"))
+        return ((keys.key, "zset"), (keys.meta, "hash"), (keys.queue, "zset"), (keys.done, "zset"))
 
     def attempt(self, a: Attempt) -> Call:
         """``sem_acquire.lua``."""
         mode = "wait" if a.wait else "try"
         keys = self.keys
-        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, self.permits, keys.channel)
+        args = (a.owner, a.lease_ms, mode, a.grace_ms, a.claim_ms, self.permits, keys.wire_channel)
         return Call(SEM_ACQUIRE, keys.script_keys, (*args, int(a.sharded)))
 
     def reenter(  # pragma: no cover
@@ -87,15 +87,15 @@ class SemaphorePolicy(Policy):
     def release(self, owner: str, mode: str, entry: str, sharded: bool) -> Call:
         """``sem_release.lua``."""
         keys = self.keys
-        args = (owner, mode, entry, keys.channel, "1" if sharded else "0", self.permits)
+        args = (owner, mode, entry, keys.wire_channel, "1" if sharded else "0", self.permits)
         return Call(SEM_RELEASE, keys.script_keys, args)
 
     def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
         """``sem_renew.lua``."""
-        keys = (self.keys.name, self.keys.meta)
+        keys = (self.keys.key, self.keys.meta)
         if sharded is None:
             return Call(SEM_RENEW, keys, (owner, to_ms(lease)))
-        return Call(SEM_RENEW, keys, (owner, to_ms(lease), self.keys.channel, int(sharded)))
+        return Call(SEM_RENEW, keys, (owner, to_ms(lease), self.keys.wire_channel, int(sharded)))
 
     async def locked(self, client: Any) -> bool:
         """No permit is free right now."""
@@ -107,7 +107,7 @@ class SemaphorePolicy(Policy):
         reply = await SEM_ADMIN.run(client, keys.script_keys, ("free", self.permits, "", "0"))
         status, free = ints(reply, 2)
         if status == -2:
-            raise wrong_type_error(keys.name, "inspect", keys.name)
+            raise wrong_type_error(keys.name, "inspect", keys.key)
         return free
 
 
@@ -196,10 +196,10 @@ class Semaphore(LockBase):
         sharded = "1" if runtime.topology.sharded else "0"
         try:
             reply = await SEM_ADMIN.run(
-                self._redis, keys.script_keys, ("set", count, keys.channel, sharded)
+                self._redis, keys.script_keys, ("set", count, keys.wire_channel, sharded)
             )
         except (RedisError, OSError) as exc:
             raise await self._explain(exc, "set permits of") from exc
         if ints(reply, 2)[0] == -2:
-            raise wrong_type_error(self._name, "set permits of", keys.name)
+            raise wrong_type_error(self._name, "set permits of", keys.key)
         self._permits = policy.permits = count

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from redis_locks_async import Lock, LockTimeout
 from redis_locks_async._keys import LockKeys, crc16, hash_tag, key_slot
+from tests.conftest import Connect
 
 # Names as users write them: any text, braces in odd places, and some very long ones.
 names = st.one_of(
@@ -131,3 +132,78 @@ async def test_any_name_locks_and_frees_cleanly(client: aioredis.Redis, name: st
 async def _enter(lock: Lock) -> None:
     async with lock:
         pass  # pragma: no cover
+
+
+# -- clients with another string encoding ---------------------------------------------------
+
+
+async def test_a_client_encoding_cannot_make_a_name_another_locks_auxiliary_key(
+    connect: Connect, name: str
+) -> None:
+    """Bug (helper-44): on a client built with ``encoding="latin-1"`` the name
+    ``"{x}\\xffqueue"`` went out as the bytes of lock ``x``'s queue key (names were encoded
+    with the client's encoding, auxiliary keys in UTF-8): holding it made lock ``x`` fail with
+    a wrong-type ``LockError``. Every key now goes out in UTF-8."""
+    utf8, latin = connect(), connect(encoding="latin-1")
+    base = "{" + name + "}"
+    lock = Lock(utf8, name, lease=5)
+    assert await lock.acquire(timeout=2)
+    await lock.release()
+    lookalikes = [Lock(latin, base + "\xff" + kind, lease=5) for kind in ("meta", "queue", "done")]
+    for other in lookalikes:
+        assert await other.acquire(blocking=False)
+    assert await lock.acquire(timeout=2)
+    await lock.release()
+    for other in lookalikes:
+        await other.release()
+    keys = LockKeys.for_name(name)
+    await utf8.delete(*keys.aux_keys, *(LockKeys.for_name(o.name).meta for o in lookalikes))
+
+
+@pytest.mark.parametrize("decode_responses", [False, True])
+async def test_a_client_with_another_encoding_wakes_its_waiters(
+    connect: Connect, name: str, decode_responses: bool
+) -> None:
+    """Bug (helper-44): with ``encoding="latin-1"`` and a non-ASCII name the hub subscribed
+    the channel in latin-1 but read channel names as UTF-8: it never recognised the
+    confirmation, re-subscribed every 2 s for ever, and a waiter stayed blocked after the
+    release. Channels now go out and come back in UTF-8."""
+    clients = [connect(encoding="latin-1", decode_responses=decode_responses) for _ in range(2)]
+    holder, waiter = (Lock(c, name + ":é", lease=10) for c in clients)
+    assert await holder.acquire()
+
+    async def wait() -> float:
+        assert await waiter.acquire(timeout=8)
+        woke = asyncio.get_running_loop().time()
+        await waiter.release()
+        return woke
+
+    task = asyncio.create_task(wait())
+    await asyncio.sleep(0.3)
+    released = asyncio.get_running_loop().time()
+    await holder.release()
+    assert await asyncio.wait_for(task, 10) - released < 1.0
+
+
+async def test_clients_of_different_encodings_share_a_lock(connect: Connect, name: str) -> None:
+    """A non-ASCII name is one lock for clients of any encoding: they exclude each other and
+    hear each other's releases (before, each encoding had keys of its own)."""
+    utf8, latin = connect(), connect(encoding="latin-1")
+    name += ":é"
+    first = Lock(utf8, name, lease=10)
+    assert await first.acquire()
+    other = Lock(latin, name, lease=10)
+    assert not await other.acquire(blocking=False)
+
+    async def wait() -> float:
+        assert await other.acquire(timeout=8)
+        woke = asyncio.get_running_loop().time()
+        assert await utf8.exists(name.encode()) == 1
+        await other.release()
+        return woke
+
+    task = asyncio.create_task(wait())
+    await asyncio.sleep(0.3)
+    released = asyncio.get_running_loop().time()
+    await first.release()
+    assert await asyncio.wait_for(task, 10) - released < 1.0

@@ -48,7 +48,9 @@ async def force_unlock(
     ``sharded``: announce with ``SPUBLISH`` (a cluster node: its waiters listen there)."""
     keys = LockKeys.for_name(name, kind)
     reply = await FORCE_UNLOCK.run(
-        client, (keys.name, keys.meta, keys.guard), (kind, keys.channel, "1" if sharded else "0")
+        client,
+        (keys.key, keys.meta, keys.guard),
+        (kind, keys.wire_channel, "1" if sharded else "0"),
     )
     if not isinstance(reply, list) or not reply:
         raise CliError(f"unexpected reply from force_unlock.lua: {reply!r}")

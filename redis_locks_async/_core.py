@@ -1419,9 +1419,18 @@ class LockBase:
                 itertools.repeat(_ERROR_BACKOFF[-1]),
             ),
         )
+        # A client without a socket_timeout: a call on a connection gone silent (half-open)
+        # would hold the clean-up — and the pooled connection it took — for ever (helper-43:
+        # three cancelled waits used up a pool of three). Each call gets ATTEMPT_PATIENCE; the
+        # read it abandons drops its connection, and the next try takes another.
+        runtime = self._existing()
+        patience = ATTEMPT_PATIENCE if runtime is not None and runtime.reads_unbounded else None
         for delay in delays:
             try:
-                await call()
+                if patience is None:
+                    await call()
+                else:
+                    await _bounded(call(), loop.time() + patience)
                 return
             except MaxConnectionsError:
                 await asyncio.sleep(_POOL_BACKOFF[-1])
@@ -1724,10 +1733,11 @@ class LockBase:
                     if not waiter.turn.done():
                         return False
                     continue
-                if homed is not hub and hub.existing_lot(channel) is lot:
+                if (homed is not hub or hub.refused(channel)) and hub.existing_lot(channel) is lot:
                     # The first attempt (and the first in a new home) follows the subscription:
                     # a release after it is heard. (Later ones do not wait for a re-subscription
-                    # after a reconnection: their timers are the fallback meanwhile.)
+                    # after a reconnection: their timers are the fallback meanwhile — unless
+                    # the server refused it: a waiter does not wait deaf, it fails with why.)
                     if not await hub.subscribed(channel, deadline):
                         return False
                     homed = hub

@@ -1083,6 +1083,10 @@ class MultiHub:
         for hub in self._hubs:
             hub.done_with(channel)
 
+    def refused(self, channel: str) -> bool:
+        """Whether every master refused ``channel``'s latest subscription."""
+        return all(hub.refused(channel) for hub in self._hubs)
+
     async def subscribed(self, channel: str, deadline: float | None) -> bool:
         """Wait until some master confirmed ``channel``; ``False`` once ``deadline`` passed;
         a :class:`LockError` when every master that answered refused it (an ACL) and none is

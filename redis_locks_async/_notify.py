@@ -144,6 +144,11 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def _failed(future: asyncio.Future[Any]) -> bool:
+    """``future`` ended with an exception (not a result, not cancelled)."""
+    return future.done() and not future.cancelled() and future.exception() is not None
+
+
 def _wire(arg: str) -> bytes:
     """A channel (or PING text) as the hub sends it: UTF-8, whatever the client's encoding —
     as the scripts publish it (``_keys.LockKeys.wire_channel``) and as the hub reads it back."""
@@ -192,6 +197,10 @@ class Hub(Protocol):
 
     async def subscribed(self, channel: str, deadline: float | None) -> bool:
         """Wait until ``channel`` is subscribed; ``False`` when ``deadline`` passed first."""
+
+    def refused(self, channel: str) -> bool:
+        """Whether the server refused ``channel``'s latest subscription (then
+        :meth:`subscribed` raises the reason, and the channel's waiters were told to re-check)."""
 
     def wake_all(self) -> None:
         """Wake every local waiter (closing)."""
@@ -490,6 +499,11 @@ class SubscriptionHub:
         entry = self._channels.get(channel)
         return entry is not None and entry.confirmed.done()
 
+    def refused(self, channel: str) -> bool:
+        """Whether the server refused ``channel``'s latest subscription."""
+        entry = self._channels.get(channel)
+        return entry is not None and _failed(entry.confirmed)
+
     # -- sending -------------------------------------------------------------------------------
 
     def _request(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -670,6 +684,10 @@ class SubscriptionHub:
             LockError(f"the server refused to subscribe {channel!r}: {exc}")
         )
         entry.confirmed.exception()  # retrieved here: no waiter may be left to read it
+        # Waiters asleep on an earlier confirmation (a re-subscription after a reconnection
+        # refused: the user lost the channel meanwhile) would wait deaf: they re-check, and
+        # fail with the reason (LockBase._wait_as asks the hub when it was refused).
+        entry.lot.recheck_all()
 
     def _refused(self, exc: ResponseError) -> None:
         """The server refused a subscription, and it cannot be told which (a user who may not
@@ -681,6 +699,7 @@ class SubscriptionHub:
                     LockError(f"the server refused to subscribe {channel!r}: {exc}")
                 )
                 entry.confirmed.exception()  # retrieved here: no waiter may be left to read it
+                entry.lot.recheck_all()  # (see _refuse)
 
     def _moved(self, slot: int) -> None:
         """The node refused a shard channel's subscription with ``MOVED``/``ASK``: ``slot``

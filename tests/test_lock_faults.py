@@ -887,6 +887,50 @@ class TestPubSubKilled:
         await settle(quiet)
         assert not await client.exists(name)
 
+    async def test_a_cancelled_waits_clean_up_on_a_silent_connection_ends(
+        self,
+        fault_proxy: FaultProxy,
+        client: aioredis.Redis,
+        holder: aioredis.Redis,
+        connect: Connect,
+        name: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Regression (helper-43): on a client with ``socket_timeout=None`` whose connections
+        went silent (half-open), a waiter cancelled meanwhile sent its clean-up (the abandon)
+        on the silent pooled connection and waited for its reply for ever: the task lived on,
+        the connection stayed out of the pool (three such cancellations used up a pool of
+        three: no acquire could run again), and the waiter's registration stayed on the
+        server. Each clean-up call now gets ``ATTEMPT_PATIENCE``; the next try takes a new
+        connection."""
+        monkeypatch.setattr(_core, "ATTEMPT_PATIENCE", 1.0)
+        quiet = connect(url=fault_proxy.url, socket_timeout=None, max_connections=2)
+        held = await take(holder, name)
+        lock = Lock(quiet, name)
+
+        async def wait() -> None:
+            await lock.acquire(timeout=30)
+
+        waiting = asyncio.create_task(wait())
+        await introspect.until_registered(client, name, 1)
+        assert fault_proxy.blackhole_where(b"") >= 2  # the pub/sub connection and the pool's
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        queue = LockKeys.for_name(name).queue
+
+        async def unregistered() -> bool:
+            return await client.zcard(queue) == 0
+
+        await until(unregistered, what="the cancelled waiter's registration gone", within=6.0)
+        pool: Any = quiet.connection_pool
+        await until(lambda: not pool._in_use_connections, what="the pooled connection back")
+        await held.release()
+        assert not await client.exists(name)  # (not handed to the waiter that gave up)
+        assert await lock.acquire(timeout=5)
+        await lock.release()
+        fault_proxy.heal()
+        await settle(quiet)
+
     async def test_release_while_pubsub_down_is_not_missed(
         self,
         proxied: aioredis.Redis,

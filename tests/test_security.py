@@ -401,6 +401,39 @@ class TestAcl:
         finally:
             await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
 
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock"])
+    async def test_a_waiter_whose_channel_is_revoked_while_it_waits_fails(
+        self, connect: Connect, client: aioredis.Redis, server: ServerProcess, kind: str
+    ) -> None:
+        """Regression (helper-43): the user lost the channel permission while a task waited
+        (``ACL SETUSER … resetchannels``: the server drops its pub/sub connection, and refuses
+        the re-subscription). Only a waiter's first attempt looked at the subscription: this
+        one slept on, deaf — the release went unheard and the free lock unused until its
+        timeout, which returned ``False`` with no cause. It now fails with the refusal."""
+        user, prefix = f"revoked-{secrets.token_hex(4)}", f"app{secrets.token_hex(3)}:"
+        await set_user(client, user, acl_rules(prefix))
+        try:
+            name = f"{prefix}busy"
+            held = PRIMITIVES[kind](client, name)
+            assert await held.acquire(blocking=False)
+            conn = connect(_user_url(server, user))
+            waiter = PRIMITIVES[kind](conn, name)
+
+            async def wait() -> bool:
+                return await waiter.acquire(timeout=20)
+
+            waiting = asyncio.create_task(wait())
+            await introspect.until_registered(client, name, 1)
+            loop = asyncio.get_running_loop()
+            revoked = loop.time()
+            await set_user(client, user, ["resetchannels"])
+            with pytest.raises(LockError, match="refused to subscribe"):
+                await asyncio.wait_for(waiting, 10)
+            assert loop.time() - revoked < 5.0
+            await held.release()
+        finally:
+            await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+
     @pytest.mark.parametrize("kind", ["Lock", "FairLock", "Semaphore"])
     async def test_every_waiter_of_a_refused_channel_fails(
         self, connect: Connect, client: aioredis.Redis, server: ServerProcess, kind: str

@@ -119,8 +119,9 @@ class Cluster(ClientRef):
         return True
 
     def node_of(self, channel: str) -> Hashable:
-        """The name (``host:port``) of the primary that owns ``channel``'s slot now."""
-        node = self.client.get_node_from_key(channel)
+        """The name (``host:port``) of the primary that owns ``channel``'s slot now (of its
+        UTF-8 bytes, as it goes out whatever the client's encoding: ``_keys``)."""
+        node = self.client.get_node_from_key(channel.encode("utf-8"))
         if node is None:
             raise LockError(f"no cluster node serves the slot of {channel!r} (not initialized?)")
         return str(node.name)
@@ -218,6 +219,10 @@ class Cluster(ClientRef):
             if node is None:
                 raise LockError(f"cluster node {name} is gone")
             kwargs = dict(node.connection_kwargs)
+            # Replies as bytes, whatever the client decodes (as redis-py's default does): a
+            # channel name in a pub/sub frame is UTF-8 (``_keys``), which a client's own
+            # encoding may not decode at all (``ascii``, ``cp1252``).
+            kwargs["decode_responses"] = False
             kwargs.pop("maint_notifications_config", None)
             kwargs.pop("oss_cluster_maint_notifications_handler", None)
             pool = ConnectionPool(connection_class=node.connection_class, **kwargs)

@@ -953,9 +953,11 @@ class Subscriptions:
             pool = getattr(client, "connection_pool", None)
             if pool is None or type(pool) not in _PLAIN_POOLS:
                 return client.pubsub()
-            self._pool = ConnectionPool(
-                connection_class=pool.connection_class, **pool.connection_kwargs
-            )
+            # Frames as bytes, whatever the client decodes: a channel name is UTF-8 (``_keys``),
+            # which the client's encoding may not decode (``ascii``, ``cp1252``: redis-py's
+            # subscribe() and its parser fail on it, and every reconnection failed with them).
+            kwargs = {**pool.connection_kwargs, "decode_responses": False}
+            self._pool = ConnectionPool(connection_class=pool.connection_class, **kwargs)
         return PubSub(self._pool)
 
     async def aclose(self) -> None:

@@ -311,8 +311,9 @@ class Runtime:
 
     @property
     def reads_unbounded(self) -> bool:
-        """Whether the client waits for a reply without end (a plain client's pool built with
-        ``socket_timeout=None``): its acquisitions then bound their first attempt themselves
+        """Whether the client waits for a reply without end (a plain client's pool, or a
+        ``RedisCluster``, built with ``socket_timeout=None``): its acquisitions then bound
+        their first attempt, and its clean-ups each call, themselves
         (``_core.ATTEMPT_PATIENCE``). Read once."""
         if self._unbounded is None:
             self._unbounded = _reads_unbounded(self.topology)
@@ -555,7 +556,10 @@ _UNKNOWN_SERVER: Final = object()
 def _reads_unbounded(topology: Topology) -> bool:
     """See :attr:`Runtime.reads_unbounded` (``False`` where the pool does not tell)."""
     if not isinstance(topology, Standalone):
-        return False
+        # A RedisCluster gives every node's connections its own settings (helper-45: a
+        # cancelled wait's clean-up hung for ever on a silent node connection).
+        kwargs = getattr(topology.client, "connection_kwargs", None)
+        return isinstance(kwargs, dict) and kwargs.get("socket_timeout", 0) is None
     try:
         pool: Any = getattr(topology.client, "connection_pool", None)
         kwargs = getattr(pool, "connection_kwargs", None)

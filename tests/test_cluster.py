@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
@@ -31,6 +32,7 @@ from redis_locks_async._keys import LockKeys
 from redis_locks_async._notify import presence_channel
 from redis_locks_async._runtime import existing_runtime
 from tests import _introspect
+from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess, ServerStartError, _admin, running_cluster
 from tests.test_lock_faults import until
 
@@ -1039,3 +1041,100 @@ async def test_command_line_on_a_cluster(
         await sem.release()
         # (the waiter was woken by the announcement of a forced unlock: it must not be
         # mistaken for one woken by its timer)
+
+
+async def test_a_client_with_another_encoding_renews_and_wakes_on_a_cluster(
+    cluster_nodes: list[ServerProcess],
+) -> None:
+    """Regression (helper-45, after the UTF-8 keys fix): a ``RedisCluster`` client built with
+    ``encoding="latin-1"`` looked a lock's node up from its name in latin-1, not in the UTF-8
+    its keys and channel go out in. A name latin-1 cannot encode (``锁``) killed the lease
+    keeper — every hold of the client was lost, an ASCII one too; a name whose latin-1 slot
+    lies on another node (``résumé``) was subscribed there, refused with ``MOVED``, and its
+    waiters re-checked once a second instead of being woken."""
+    first = cluster_nodes[0]
+    clients = [
+        RedisCluster(host=first.host, port=first.port, encoding="latin-1") for _ in range(2)
+    ]
+    try:
+        for client in clients:
+            await client.initialize()
+        holds = [Lock(clients[0], name, lease=1.5) for name in ("锁", "plain:ascii")]
+        for lock in holds:
+            assert await lock.acquire(timeout=5)
+        await asyncio.sleep(3.0)  # two leases: renewed, or lost
+        for lock in holds:
+            await lock.release()  # LockLostError if a renewal failed
+
+        holder, waiter = (Lock(client, "résumé", lease=10) for client in clients)
+        assert await holder.acquire(timeout=5)
+
+        async def wait() -> float:
+            assert await waiter.acquire(timeout=10)
+            woke = asyncio.get_running_loop().time()
+            await waiter.release()
+            return woke
+
+        waiting = asyncio.create_task(wait())
+        await asyncio.sleep(1.5)  # subscribed (and, before, refused and given up on)
+        released = asyncio.get_running_loop().time()
+        await holder.release()
+        assert await asyncio.wait_for(waiting, 10) - released < 0.5
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def test_a_cancelled_waits_clean_up_on_a_silent_node_ends(server_binary: Path) -> None:
+    """Regression (helper-45): the bound on clean-ups of clients without a ``socket_timeout``
+    (see ``test_lock_faults.py::…::test_a_cancelled_waits_clean_up_on_a_silent_connection_ends``)
+    missed ``RedisCluster`` clients: a waiter cancelled while its node's connections were
+    silent (half-open) left its clean-up waiting for ever, and its registration on the server."""
+    name = "orders:7"
+    with running_cluster(server_binary, primaries=3) as nodes:
+        holder_client = RedisCluster(host=nodes[0].host, port=nodes[0].port)
+        await holder_client.initialize()
+        node = holder_client.get_node_from_key(name)
+        assert node is not None
+        proxy = await FaultProxy(node.host, int(node.port)).start()
+        quiet: RedisCluster | None = None
+        try:
+            holder = Lock(holder_client, name, lease=30)
+            assert await holder.acquire(timeout=5)
+            # The lock's node announces the proxy: the quiet client reaches it through it.
+            owner = next(n for n in nodes if n.port == node.port)
+            _admin(owner, "CONFIG", "SET", "cluster-announce-port", str(proxy.port))
+            with redis.Redis(host=owner.host, port=owner.port) as admin:
+                await until(
+                    lambda: str(proxy.port) in str(admin.execute_command("CLUSTER", "SLOTS")),
+                    what="the node announcing the proxy",
+                    within=10.0,
+                )
+            # (Its slot map read from the lock's node itself: the others learn it by gossip.)
+            quiet = RedisCluster(host=owner.host, port=owner.port, socket_timeout=None)
+            await quiet.initialize()
+            lock = Lock(quiet, name)
+
+            async def wait() -> None:
+                await lock.acquire(timeout=60)
+
+            waiting = asyncio.create_task(wait())
+            queue = LockKeys.for_name(name).queue
+            await until(
+                lambda: holder_client.zcard(queue), what="the waiter registered", within=5.0
+            )
+            assert proxy.blackhole_where(b"") >= 1
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+
+            async def unregistered() -> bool:
+                return await holder_client.zcard(queue) == 0
+
+            await until(unregistered, what="the cancelled waiter's registration gone", within=12.0)
+            proxy.heal()
+            await holder.release()
+        finally:
+            if quiet is not None:
+                await quiet.aclose()
+            await holder_client.aclose()
+            await proxy.close()

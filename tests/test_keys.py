@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -183,6 +184,44 @@ async def test_a_client_with_another_encoding_wakes_its_waiters(
     released = asyncio.get_running_loop().time()
     await holder.release()
     assert await asyncio.wait_for(task, 10) - released < 1.0
+
+
+@pytest.mark.parametrize("encoding", ["cp1252", "ascii"])
+async def test_a_decoding_client_whose_encoding_cannot_read_the_channel_wakes_its_waiters(
+    connect: Connect, name: str, encoding: str
+) -> None:
+    """Bug (helper-45, after the UTF-8 channels fix): a client that decodes responses in an
+    encoding that cannot decode a lock's UTF-8 channel (``cp1252``: ``锁`` is ``e9 94 81``;
+    ``ascii``), read through redis-py's ``get_message`` (a ``health_check_interval``):
+    redis-py's ``subscribe()`` failed decoding the name, every reconnection failed with it,
+    and the client's waiters — of every lock, an ASCII one too — never heard a release. The
+    library's pub/sub connections read bytes, whatever the client decodes."""
+    options: dict[str, Any] = {
+        "encoding": encoding,
+        "decode_responses": True,
+        "health_check_interval": 10,
+    }
+    holders = connect()
+    waiters = connect(**options)
+    names = [name + (":锁" if encoding == "cp1252" else ":é"), name + ":plain"]
+    held = [Lock(holders, lock_name, lease=10) for lock_name in names]
+    for lock in held:
+        assert await lock.acquire()
+
+    async def wait(lock_name: str) -> float:
+        lock = Lock(waiters, lock_name, lease=10)
+        assert await lock.acquire(timeout=8)
+        woke = asyncio.get_running_loop().time()
+        await lock.release()
+        return woke
+
+    waiting = [asyncio.create_task(wait(lock_name)) for lock_name in names]
+    await asyncio.sleep(0.5)
+    released = asyncio.get_running_loop().time()
+    for lock in held:
+        await lock.release()
+    for task in waiting:
+        assert await asyncio.wait_for(task, 10) - released < 1.0
 
 
 async def test_clients_of_different_encodings_share_a_lock(connect: Connect, name: str) -> None:

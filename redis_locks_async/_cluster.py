@@ -17,9 +17,12 @@ What changes on a cluster, and where it is handled:
   node (its own small pool, with the cluster client's connection settings), so the hub's health
   check, reconnection and re-check apply unchanged. After a slot migration the old node drops
   the subscription and answers its renewal with ``MOVED``; after a failover the old node is
-  gone and the client's slot map names the promoted replica. Either way the hub gives the
-  channel up and its waiters re-check, then follow it to the hub of the node that serves it
-  now (``LockBase._follow``); their fallback timers bound the wait in any case.
+  gone and the client's slot map names the promoted replica; after a manual ``CLUSTER
+  FAILOVER`` the old node, now a replica, drops the subscription (and would accept it again,
+  but the new primary's scripts would not see the waiters' presence there), and the hub has
+  the client look the slot up. Either way the hub gives the channel up and its waiters
+  re-check, then follow it to the hub of the node that serves it now (``LockBase._follow``);
+  their fallback timers bound the wait in any case.
 * **Renewals** are pipelined per node (a cluster pipeline refuses ``EVALSHA``): the keeper's
   batch is split by the node that owns each lock's slot, one pipeline per node, sent
   concurrently; a renewal answered with a redirection is re-sent through the cluster client.
@@ -137,7 +140,8 @@ class Cluster(ClientRef):
     async def refresh(self, key: str) -> None:
         """Make the cluster client look up where ``key``'s slot lives (one cheap read sent
         through it: a dead node's connection error makes redis-py rebuild its slot map)."""
-        await self.client.pttl(key)  # (exists() would go through a pipeline)
+        # (exists() would go through a pipeline; the key's UTF-8 bytes, as every key goes out)
+        await self.client.pttl(key.encode("utf-8"))
 
     def transient(self, exc: BaseException) -> bool:
         """Standalone's transient errors, plus redirections, ``TRYAGAIN`` and a cluster that

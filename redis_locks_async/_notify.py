@@ -554,6 +554,28 @@ class SubscriptionHub:
                 "ssubscribe" if self._sharded else "subscribe", *_with_presence(channel)
             )
 
+    async def _resubscribe(self, channel: str) -> None:
+        """The server dropped ``channel``'s shard subscription (an unasked ``SUNSUBSCRIBE``):
+        its slot moved to another node (a migration), or this node no longer serves it — a
+        primary demoted to a replica by a failover (``CLUSTER FAILOVER``), which stays up and
+        accepts the channel again. Subscribed there, the waiters heard releases, but the new
+        primary's scripts could not see their process (its presence channel is counted where
+        the script runs): their registrations were taken for away, and waiters went unserved
+        until their timers (helper-46). So the client looks the slot up first; where another
+        node serves it now, the channel is given up and its waiters follow it there
+        (:meth:`_give_up`); else it is subscribed again here."""
+        if self._refresh is not None:
+            try:
+                await asyncio.wait_for(self._refresh(channel), _SEND_TIMEOUT)
+            except Exception as exc:  # a hint only: the subscription decides (MOVED: _moved)
+                logger.debug("pub/sub: slot look-up failed: %r", exc)
+        if channel not in self._channels:
+            return
+        if self._serves is not None and not self._serves(channel):
+            self._give_up([channel], "its slot is served by another node now")
+            return
+        await self._subscribe_one(channel)
+
     async def _unsubscribe_one(self, channel: str) -> None:
         if channel not in self._channels:
             await self._send(
@@ -847,9 +869,9 @@ class SubscriptionHub:
                 entry.asked_at = None
                 entry.lot.recheck_all()
         elif kind == "sunsubscribe" and self._sharded:
-            # the server dropped it (the slot moved): subscribe again where it lives now
+            # the server dropped it: the slot moved, or this node was demoted (see _resubscribe)
             entry.confirmed = self._loop.create_future()
-            self._request(self._subscribe_one(channel))
+            self._request(self._resubscribe(channel))
         return False
 
     # -- closing -------------------------------------------------------------------------------

@@ -1138,3 +1138,52 @@ async def test_a_cancelled_waits_clean_up_on_a_silent_node_ends(server_binary: P
                 await quiet.aclose()
             await holder_client.aclose()
             await proxy.close()
+
+
+async def test_waiters_follow_their_lock_through_a_graceful_failover(server_binary: Path) -> None:
+    """Regression (helper-46): after ``CLUSTER FAILOVER`` the demoted primary stays up as a
+    replica and drops its shard subscriptions (an unasked ``SUNSUBSCRIBE``). The hub subscribed
+    them again there — a replica accepts them — so the waiters' presence was no longer seen
+    by the new primary's scripts: their registrations were taken for away, and a
+    ``Semaphore``'s or ``ReadWriteLock``'s waiters were served only at their timers (1.5 to
+    2.5 s late here). The hub now has the client look the slot up and follows it to the new
+    primary."""
+    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
+        first = nodes[0]
+        holding, waiting = (RedisCluster(host=first.host, port=first.port) for _ in range(2))
+        await holding.initialize()
+        await waiting.initialize()
+        try:
+            tag = "{graceful}"
+            primary, replica = _primary_and_replica(nodes, holding, tag)
+            held: list[Lock | Semaphore] = [
+                Lock(holding, tag + "lock", lease=3),
+                Semaphore(holding, tag + "sem", 1, lease=3),
+            ]
+            waiters: list[Lock | Semaphore] = [
+                Lock(waiting, tag + "lock"),
+                Semaphore(waiting, tag + "sem", 1),
+            ]
+            for lock in held:
+                assert await lock.acquire(blocking=False)
+            waits = [asyncio.create_task(_hold_briefly(lock, timeout=30)) for lock in waiters]
+            await asyncio.sleep(0.3)  # subscribed, registered
+            _admin(replica, "CLUSTER", "FAILOVER")
+            await _promoted(replica, time.monotonic())
+            for lock in waiters:
+                await until(
+                    functools.partial(_subscribed_on, replica, lock._policy.keys.channel),
+                    what=f"{lock.name} to follow its slot to the new primary",
+                    within=10.0,
+                )
+            assert not any(task.done() for task in waits)
+            released = time.monotonic()
+            for lock in held:
+                await lock.release()
+            for task in waits:
+                assert await asyncio.wait_for(task, 10) is True
+            assert time.monotonic() - released < 1.0, "a waiter was not woken by the release"
+            assert not await _subscribed_on(primary, waiters[0]._policy.keys.channel)
+        finally:
+            await holding.aclose()
+            await waiting.aclose()

@@ -45,6 +45,7 @@ from redis.exceptions import (
     ClusterDownError,
     ClusterError,
     MovedError,
+    RedisError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -136,6 +137,18 @@ class Cluster(ClientRef):
     def wait_refusal(self) -> str | None:
         """Nothing: the subscriptions use node clients of the topology's own."""
         return None
+
+    async def node_serves(self, node: Hashable, key: str) -> bool | None:
+        """Whether ``node`` itself says it serves ``key``'s slot — its own answer, not the
+        client's slot map: ``False`` when it redirects (``MOVED``: a replica, or the slot
+        moved away), ``None`` when it cannot tell (unreachable, gone)."""
+        try:
+            await self._node_client(str(node)).pttl(key.encode("utf-8"))
+        except MovedError:
+            return False
+        except (RedisError, OSError, LockError):  # (ASK: a migration under way, not over)
+            return None
+        return True
 
     async def refresh(self, key: str) -> None:
         """Make the cluster client look up where ``key``'s slot lives (one cheap read sent

@@ -370,6 +370,7 @@ class SubscriptionHub:
         sharded: bool = False,
         serves: Callable[[str], bool] | None = None,
         refresh: Callable[[str], Awaitable[object]] | None = None,
+        owns: Callable[[str], Awaitable[bool | None]] | None = None,
     ) -> None:
         self._make_pubsub = make_pubsub
         self._spawn = spawn
@@ -380,6 +381,8 @@ class SubscriptionHub:
         # Makes the client look up where a channel's slot lives now (a command through the
         # cluster client): a client that only waits sends nothing that would tell it.
         self._refresh = refresh
+        # Asks the node itself whether it serves a channel's slot (None: it cannot tell).
+        self._owns = owns
         self._loop = asyncio.get_running_loop()
         self._channels: dict[str, _Channel] = {}
         self._pubsub: Any = None
@@ -561,17 +564,28 @@ class SubscriptionHub:
         accepts the channel again. Subscribed there, the waiters heard releases, but the new
         primary's scripts could not see their process (its presence channel is counted where
         the script runs): their registrations were taken for away, and waiters went unserved
-        until their timers (helper-46). So the client looks the slot up first; where another
-        node serves it now, the channel is given up and its waiters follow it there
-        (:meth:`_give_up`); else it is subscribed again here."""
-        if self._refresh is not None:
+        until their timers (helper-46). So the node itself is asked first (a redirection: it
+        no longer serves the slot — the client's map may say otherwise for a while, rebuilt
+        from a node that has not heard of the failover yet: helper-47); where it does not, the
+        channel is given up and its waiters follow it to the node that does (:meth:`_give_up`;
+        their attempts, redirected, teach the client where); else it is subscribed again
+        here. When the node cannot tell, the client's map decides, looked up anew."""
+        owns = None
+        if self._owns is not None:
+            try:
+                owns = await asyncio.wait_for(self._owns(channel), _SEND_TIMEOUT)
+            except Exception as exc:  # (unreachable: a reconnection follows anyway)
+                logger.debug("pub/sub: asking the node about %r failed: %r", channel, exc)
+        if owns is None and self._refresh is not None:
             try:
                 await asyncio.wait_for(self._refresh(channel), _SEND_TIMEOUT)
             except Exception as exc:  # a hint only: the subscription decides (MOVED: _moved)
                 logger.debug("pub/sub: slot look-up failed: %r", exc)
         if channel not in self._channels:
             return
-        if self._serves is not None and not self._serves(channel):
+        if owns is None:
+            owns = self._serves is None or self._serves(channel)
+        if not owns:
             self._give_up([channel], "its slot is served by another node now")
             return
         await self._subscribe_one(channel)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import weakref
@@ -453,6 +454,7 @@ class Runtime:
                     if topology.sharded
                     else None,
                     refresh=getattr(topology, "refresh", None),
+                    owns=_owner_probe(topology, node),
                 )
         return hub
 
@@ -735,6 +737,17 @@ def _hook_close(client: Any) -> None:
 
     client.aclose = aclose
     setattr(client, _HOOKED, True)
+
+
+def _owner_probe(
+    topology: Topology, node: Hashable
+) -> Callable[[str], Awaitable[bool | None]] | None:
+    """How a hub asks its own node whether it serves a channel's slot (a topology that can:
+    ``node_serves(node, channel)``), else ``None``."""
+    node_serves = getattr(topology, "node_serves", None)
+    if node_serves is None:
+        return None
+    return functools.partial(node_serves, node)
 
 
 def _serves(topology: Topology, channel: str, node: Hashable) -> bool:

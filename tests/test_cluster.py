@@ -28,6 +28,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
+from redis_locks_async._cluster import Cluster
 from redis_locks_async._keys import LockKeys
 from redis_locks_async._notify import presence_channel
 from redis_locks_async._runtime import existing_runtime
@@ -1140,14 +1141,26 @@ async def test_a_cancelled_waits_clean_up_on_a_silent_node_ends(server_binary: P
             await proxy.close()
 
 
-async def test_waiters_follow_their_lock_through_a_graceful_failover(server_binary: Path) -> None:
+@pytest.mark.parametrize("stale_map", [False, True])
+async def test_waiters_follow_their_lock_through_a_graceful_failover(
+    server_binary: Path, monkeypatch: pytest.MonkeyPatch, stale_map: bool
+) -> None:
     """Regression (helper-46): after ``CLUSTER FAILOVER`` the demoted primary stays up as a
     replica and drops its shard subscriptions (an unasked ``SUNSUBSCRIBE``). The hub subscribed
     them again there — a replica accepts them — so the waiters' presence was no longer seen
     by the new primary's scripts: their registrations were taken for away, and a
     ``Semaphore``'s or ``ReadWriteLock``'s waiters were served only at their timers (1.5 to
-    2.5 s late here). The hub now has the client look the slot up and follows it to the new
-    primary."""
+    2.5 s late here). The hub now asks the node itself and follows the slot to the new
+    primary. ``stale_map`` (helper-47): the client's slot map still names the old node — redis-py
+    rebuilt it from a node that had not heard of the failover yet (here: the look-up through
+    the client learns nothing) — which the first fix trusted, and subscribed on the replica
+    again."""
+    if stale_map:
+
+        async def learns_nothing(self: Any, key: str) -> None:
+            return None
+
+        monkeypatch.setattr(Cluster, "refresh", learns_nothing)
     with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
         first = nodes[0]
         holding, waiting = (RedisCluster(host=first.host, port=first.port) for _ in range(2))

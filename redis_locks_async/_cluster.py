@@ -19,10 +19,10 @@ What changes on a cluster, and where it is handled:
   the subscription and answers its renewal with ``MOVED``; after a failover the old node is
   gone and the client's slot map names the promoted replica; after a manual ``CLUSTER
   FAILOVER`` the old node, now a replica, drops the subscription (and would accept it again,
-  but the new primary's scripts would not see the waiters' presence there), and the hub has
-  the client look the slot up. Either way the hub gives the channel up and its waiters
-  re-check, then follow it to the hub of the node that serves it now (``LockBase._follow``);
-  their fallback timers bound the wait in any case.
+  but the new primary's scripts would not see the waiters' presence there), and the hub asks
+  that node whether it still serves the slot (:meth:`Cluster.node_serves`). Either way the
+  hub gives the channel up and its waiters re-check, then follow it to the hub of the node
+  that serves it now (``LockBase._follow``); their fallback timers bound the wait in any case.
 * **Renewals** are pipelined per node (a cluster pipeline refuses ``EVALSHA``): the keeper's
   batch is split by the node that owns each lock's slot, one pipeline per node, sent
   concurrently; a renewal answered with a redirection is re-sent through the cluster client.

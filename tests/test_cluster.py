@@ -35,6 +35,7 @@ from redis_locks_async._runtime import existing_runtime
 from tests import _introspect
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess, ServerStartError, _admin, running_cluster
+from tests.test_keys import woken_by_release
 from tests.test_lock_faults import until
 
 pytestmark = pytest.mark.timeout(90)
@@ -1068,19 +1069,8 @@ async def test_a_client_with_another_encoding_renews_and_wakes_on_a_cluster(
             await lock.release()  # LockLostError if a renewal failed
 
         holder, waiter = (Lock(client, "résumé", lease=10) for client in clients)
-        assert await holder.acquire(timeout=5)
-
-        async def wait() -> float:
-            assert await waiter.acquire(timeout=10)
-            woke = asyncio.get_running_loop().time()
-            await waiter.release()
-            return woke
-
-        waiting = asyncio.create_task(wait())
-        await asyncio.sleep(1.5)  # subscribed (and, before, refused and given up on)
-        released = asyncio.get_running_loop().time()
-        await holder.release()
-        assert await asyncio.wait_for(waiting, 10) - released < 0.5
+        # (waiting 1.5 s: subscribed — and, before, refused and given up on)
+        await woken_by_release([holder], [waiter], waiting_for=1.5, within=0.5)
     finally:
         for client in clients:
             await client.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -171,19 +172,7 @@ async def test_a_client_with_another_encoding_wakes_its_waiters(
     release. Channels now go out and come back in UTF-8."""
     clients = [connect(encoding="latin-1", decode_responses=decode_responses) for _ in range(2)]
     holder, waiter = (Lock(c, name + ":é", lease=10) for c in clients)
-    assert await holder.acquire()
-
-    async def wait() -> float:
-        assert await waiter.acquire(timeout=8)
-        woke = asyncio.get_running_loop().time()
-        await waiter.release()
-        return woke
-
-    task = asyncio.create_task(wait())
-    await asyncio.sleep(0.3)
-    released = asyncio.get_running_loop().time()
-    await holder.release()
-    assert await asyncio.wait_for(task, 10) - released < 1.0
+    await woken_by_release([holder], [waiter])
 
 
 @pytest.mark.parametrize("encoding", ["cp1252", "ascii"])
@@ -204,24 +193,11 @@ async def test_a_decoding_client_whose_encoding_cannot_read_the_channel_wakes_it
     holders = connect()
     waiters = connect(**options)
     names = [name + (":锁" if encoding == "cp1252" else ":é"), name + ":plain"]
-    held = [Lock(holders, lock_name, lease=10) for lock_name in names]
-    for lock in held:
-        assert await lock.acquire()
-
-    async def wait(lock_name: str) -> float:
-        lock = Lock(waiters, lock_name, lease=10)
-        assert await lock.acquire(timeout=8)
-        woke = asyncio.get_running_loop().time()
-        await lock.release()
-        return woke
-
-    waiting = [asyncio.create_task(wait(lock_name)) for lock_name in names]
-    await asyncio.sleep(0.5)
-    released = asyncio.get_running_loop().time()
-    for lock in held:
-        await lock.release()
-    for task in waiting:
-        assert await asyncio.wait_for(task, 10) - released < 1.0
+    await woken_by_release(
+        [Lock(holders, lock_name, lease=10) for lock_name in names],
+        [Lock(waiters, lock_name, lease=10) for lock_name in names],
+        waiting_for=0.5,
+    )
 
 
 async def test_clients_of_different_encodings_share_a_lock(connect: Connect, name: str) -> None:
@@ -229,20 +205,47 @@ async def test_clients_of_different_encodings_share_a_lock(connect: Connect, nam
     hear each other's releases (before, each encoding had keys of its own)."""
     utf8, latin = connect(), connect(encoding="latin-1")
     name += ":é"
-    first = Lock(utf8, name, lease=10)
-    assert await first.acquire()
-    other = Lock(latin, name, lease=10)
-    assert not await other.acquire(blocking=False)
+    first, other = Lock(utf8, name, lease=10), Lock(latin, name, lease=10)
 
-    async def wait() -> float:
-        assert await other.acquire(timeout=8)
-        woke = asyncio.get_running_loop().time()
-        assert await utf8.exists(name.encode()) == 1
-        await other.release()
+    async def excluded_then_held() -> None:
+        if not other.owned():  # (before the release: excluded)
+            assert not await other.acquire(blocking=False)
+        else:  # (the waiter holds it: the one key, in UTF-8)
+            assert await utf8.exists(name.encode()) == 1
+
+    await woken_by_release([first], [other], check=excluded_then_held)
+
+
+async def woken_by_release(
+    held: list[Lock],
+    waiters: list[Lock],
+    *,
+    waiting_for: float = 0.3,
+    within: float = 1.0,
+    check: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """``held`` are taken; a task per lock of ``waiters`` waits for it (8 s at most) and
+    releases it at once; ``waiting_for`` seconds later ``held`` are released, and every
+    waiter must have taken its lock ``within`` seconds of that. ``check`` runs after ``held`` are
+    taken, and in each waiter's task while it holds its lock."""
+    loop = asyncio.get_running_loop()
+    for lock in held:
+        assert await lock.acquire()
+    if check is not None:
+        await check()
+
+    async def wait(lock: Lock) -> float:
+        assert await lock.acquire(timeout=8)
+        woke = loop.time()
+        if check is not None:
+            await check()
+        await lock.release()
         return woke
 
-    task = asyncio.create_task(wait())
-    await asyncio.sleep(0.3)
-    released = asyncio.get_running_loop().time()
-    await first.release()
-    assert await asyncio.wait_for(task, 10) - released < 1.0
+    tasks = [asyncio.create_task(wait(lock)) for lock in waiters]
+    await asyncio.sleep(waiting_for)
+    released = loop.time()
+    for lock in held:
+        await lock.release()
+    for task in tasks:
+        assert await asyncio.wait_for(task, 10) - released < within

@@ -1697,10 +1697,8 @@ class LockBase:
         since: tuple[float, int] | None = None
         started = loop.time()
         try:
-            if not waiter.turn.done():
-                await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
-                if not waiter.turn.done():
-                    return False
+            if not await waiter.wait_turn(deadline):
+                return False
             ended = runtime.try_ended(channel)
             if ended is not None:
                 # Only one command per lock at a time from this process: let the uncontended
@@ -1727,10 +1725,10 @@ class LockBase:
                 self._check_open(runtime)
                 hub, lot = self._follow(runtime, hub, lot, waiter, create=False)
                 if not waiter.turn.done():
-                    # Moved to the end of another lot (_follow): wait for the turn there (a
-                    # grant naming this waiter gives it at once), then look again.
-                    await asyncio.wait((waiter.turn,), timeout=_left(deadline, loop))
-                    if not waiter.turn.done():
+                    # Moved to the end of another lot (_follow), or pushed back by a waiter
+                    # that joined at the front: wait for the turn (a grant naming this waiter
+                    # gives it at once), then look again.
+                    if not await waiter.wait_turn(deadline):
                         return False
                     continue
                 if (homed is not hub or hub.refused(channel)) and hub.existing_lot(channel) is lot:

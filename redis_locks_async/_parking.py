@@ -248,6 +248,24 @@ class Waiter:
         else:
             self.answered = True
 
+    async def wait_turn(self, deadline: float | None) -> bool:
+        """Wait until this waiter is among the active ones of its lot: ``True``, or ``False``
+        once loop time ``deadline`` passed first.
+
+        The turn can be taken back between being given and this task running (a waiter that
+        joins at the front pushes the last active one out: a new :attr:`turn`), so the
+        current future is looked at again after every wake-up: a waiter pushed back before
+        it ran waits for its turn again, not giving up as if its time had run out."""
+        while not self.turn.done():
+            if deadline is None:
+                await asyncio.wait((self.turn,))
+                continue
+            left = deadline - self._loop.time()
+            if left <= 0:
+                return False
+            await asyncio.wait((self.turn,), timeout=left)
+        return True
+
     def forget_news(self) -> None:
         """Drop earlier wake-ups: called just before an attempt, whose reply supersedes them
         (a grant is never dropped: it is kept in :attr:`grant`)."""

@@ -164,3 +164,39 @@ class TestDeliver:
         assert await woken() == list(range(RECHECK_BATCH, 2 * RECHECK_BATCH))
         await asyncio.sleep(0)
         assert await woken() == [2 * RECHECK_BATCH]
+
+
+class TestTurn:
+    """How a waiter waits for its turn among the active ones of a ``Lock``'s lot (one active)."""
+
+    async def test_a_turn_taken_back_before_the_waiter_ran_is_waited_for_again(self) -> None:
+        """Regression (``test_lock_faults.py::TestPubSubKilled::
+        test_waiters_re_check_past_a_silent_command_connection`` failed ~1 run in 10): the
+        head's attempt went unanswered, so it left and joined again at the front under a new
+        owner id. Leaving gave the next waiter its turn; joining at the front took it back
+        (a new ``turn`` future) before that waiter's task ran. The task woke, found its turn
+        not done, and ``acquire(timeout=10)`` returned ``False`` at once, as though it had
+        timed out. The waiter now waits for its turn again, until its deadline."""
+        loop = asyncio.get_running_loop()
+        lot = ParkingLot(1)
+        head, second = Waiter(loop, "head"), Waiter(loop, "second")
+        lot.join(head)
+        lot.join(second)
+        waiting = asyncio.create_task(second.wait_turn(loop.time() + 10))
+        await asyncio.sleep(0)  # awaiting its turn
+        lot.leave(head)  # gives the second waiter its turn...
+        again = Waiter(loop, "head again")
+        lot.join(again, first=True)  # ...and takes it back before that waiter's task ran
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # still waiting, not "timed out"
+        lot.leave(again)
+        assert await asyncio.wait_for(waiting, 1.0) is True
+
+    async def test_a_turn_not_given_by_the_deadline_is_false(self) -> None:
+        loop = asyncio.get_running_loop()
+        lot = ParkingLot(1)
+        head, second = Waiter(loop, "head"), Waiter(loop, "second")
+        lot.join(head)
+        lot.join(second)
+        assert await second.wait_turn(loop.time() + 0.05) is False
+        assert await head.wait_turn(loop.time()) is True  # given: at once, whatever the deadline

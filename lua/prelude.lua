@@ -122,11 +122,15 @@ local function is_done(done, owner)
     return redis.call('ZSCORE', done, owner) ~= false
 end
 
+-- Announce `message` on `channel`. A refusal (an ACL user without the lock's channels) does not
+-- fail the script half-way: what it wrote stands — a release has freed or handed over the lock
+-- whether or not anyone hears of it, and the waiters find out at their next re-check (within
+-- the holder's lease). The refusal goes to the server's log.
 local function announce(channel, sharded, message)
-    if sharded == '1' then
-        redis.call('SPUBLISH', channel, message)
-    else
-        redis.call('PUBLISH', channel, message)
+    local sent = redis.pcall(sharded == '1' and 'SPUBLISH' or 'PUBLISH', channel, message)
+    if type(sent) == 'table' and sent.err then
+        redis.log(redis.LOG_WARNING, 'redis-locks-async: not announced on a lock channel: '
+            .. sent.err)
     end
 end
 

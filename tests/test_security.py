@@ -353,6 +353,32 @@ class TestAcl:
         finally:
             await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
 
+    @pytest.mark.parametrize("kind", list(PRIMITIVES))
+    async def test_a_release_its_user_may_not_announce_still_frees_the_lock(
+        self, connect: Connect, client: aioredis.Redis, server: ServerProcess, kind: str
+    ) -> None:
+        """Regression (a lead since stop 33): the holder's user could not publish on the lock's
+        channel (another user waited). Its release script handed the lock over, then failed at
+        the announcement: the release raised a ``LockError`` saying the lock was still held
+        until its lease ended, though it was the waiter's. A refused announcement no longer
+        fails the script (it is logged by the server): the release succeeds, and the waiter,
+        not told, finds the lock at its re-check, when the holder's lease would have ended."""
+        user, prefix = f"mute-{secrets.token_hex(4)}", f"app{secrets.token_hex(3)}:"
+        rules = [rule for rule in acl_rules(prefix) if not rule.startswith("&")]
+        await set_user(client, user, [*rules, "&elsewhere:*"])
+        try:
+            name = f"{prefix}x"
+            holder = PRIMITIVES[kind](connect(_user_url(server, user)), name)
+            assert await holder.acquire(blocking=False)
+            waiting = asyncio.create_task(try_once(PRIMITIVES[kind](client, name)))
+            layout = {"ReadWriteLock": "rw", "Semaphore": "sem"}.get(kind, "lock")
+            await introspect.until_registered(client, name, 1, layout)
+            await holder.release()  # handed over, not announced: no error
+            assert await asyncio.wait_for(waiting, LEASE + 2.0)
+            assert not await client.exists(name)
+        finally:
+            await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+
     @pytest.mark.parametrize("reading", ["tap", "get_message"])
     async def test_a_refused_channel_costs_only_its_own_lock(
         self, connect: Connect, client: aioredis.Redis, server: ServerProcess, reading: str

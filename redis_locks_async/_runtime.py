@@ -43,7 +43,7 @@ from ._notify import Hub, SubscriptionHub, Subscriptions, subscription_refusal
 from ._parking import ParkingLot, Waiter
 from ._renewal import LeaseKeeper
 from ._scripts import Call
-from ._wire import drop_stale_connections, fast_batches, let_go, run_pipeline
+from ._wire import drop_stale_client, drop_stale_connections, fast_batches, let_go, run_pipeline
 
 __all__ = (
     "ClientRef",
@@ -667,6 +667,9 @@ def runtime_for(client: Any, topology: Callable[[Any], Topology] = topology_for)
         if runtime.closed:
             raise LockError("the redis client was closed; create a new client to use locks")
         return runtime
+    # Connections opened under an earlier loop (this client used under one asyncio.run after
+    # another) would be sent on by redis-py's own path, and fail after writing: forgotten.
+    drop_stale_client(client)
     runtime = _RUNTIMES[client] = Runtime(topology(client))
     _hook_close(client)
     return runtime

@@ -30,7 +30,7 @@ from typing import Any, Final, NamedTuple, Protocol, final
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._errors import LockError
-from ._wire import TORN_DOWN, FastPool, connection_failed, fast_pool, run_script
+from ._wire import TORN_DOWN, FastPool, connection_failed, fast_pool, loop_error, run_script
 
 __all__ = (
     "Call",
@@ -148,6 +148,13 @@ class Script:
             # redis-py's own path lets these through too (a connection torn down under a call
             # by pool.disconnect() meanwhile): a connection error for the callers.
             raise connection_failed(exc) from exc
+        except RuntimeError as exc:
+            # A connection of an earlier event loop on redis-py's path (a Sentinel's look-up,
+            # a pool the runtime's clean-up missed): the command may have been written — a
+            # connection error, whose callers send the token-checked undo.
+            if loop_error(exc):
+                raise connection_failed(exc) from exc
+            raise
 
     async def run_fast(
         self, fast: FastPool, keys: Sequence[str | bytes], args: Sequence[EncodableArg]

@@ -80,10 +80,12 @@ __all__ = (
     "FastPool",
     "connection_failed",
     "drop_connection",
+    "drop_stale_client",
     "drop_stale_connections",
     "fast_batches",
     "fast_pool",
     "forget_foreign",
+    "loop_error",
     "run_pipeline",
     "run_script",
 )
@@ -385,6 +387,32 @@ def drop_stale_connections(pool: Any) -> None:
     loop = asyncio.get_running_loop()
     for conn in list(getattr(pool, "_available_connections", ())):
         forget_foreign(conn, loop)
+
+
+def drop_stale_client(client: Any) -> None:
+    """:func:`drop_stale_connections` for ``client``'s pool, and for the pools of the Sentinel
+    clients a Sentinel-managed pool asks for its master (their stale connections fail the
+    look-up a new connection makes); for each master of a ``RedLock``'s fan-out. Done when a
+    client's locks are first used on an event loop: a client used under one ``asyncio.run``
+    after another."""
+    for master in getattr(client, "masters", ()):  # (RedLock's fan-out over its masters)
+        drop_stale_client(master)
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return
+    drop_stale_connections(pool)
+    manager = getattr(pool, "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        inner = getattr(sentinel, "connection_pool", None)
+        if inner is not None:
+            drop_stale_connections(inner)
+
+
+def loop_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is what asyncio raises for a connection of a closed or another event
+    loop ("Event loop is closed", "… attached to a different loop"): redis-py's own command
+    path lets it through, possibly after the command was written — a connection failure."""
+    return isinstance(exc, RuntimeError) and "loop" in str(exc)
 
 
 def forget_foreign(conn: Any, loop: asyncio.AbstractEventLoop) -> None:

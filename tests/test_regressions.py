@@ -1621,8 +1621,21 @@ import redis.asyncio as aioredis
 from redis_locks_async import FairLock, Lock, Semaphore
 
 logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
-url, name, kind = sys.argv[1:4]
-client = aioredis.Redis.from_url(url)
+url, name, kind, how = sys.argv[1:5]
+if how.startswith("sentinel:"):  # url: the Sentinel's host:port
+    from redis.asyncio.sentinel import Sentinel
+
+    host, port = url.rsplit(":", 1)
+    client = Sentinel([(host, int(port))]).master_for(how.split(":", 1)[1])
+else:
+    client = aioredis.Redis.from_url(url)
+if how == "observed":  # redis-py's own command path (the library does not go around it)
+    own = client.execute_command
+
+    async def observed(*args, **options):
+        return await own(*args, **options)
+
+    client.execute_command = observed
 if kind == "Semaphore":
     lock = Semaphore(client, name, permits=1, lease=5)
 else:
@@ -1645,9 +1658,10 @@ print("done")
 """
 
 
+@pytest.mark.parametrize("how", ["plain", "observed"])
 @pytest.mark.parametrize("kind", ["Lock", "FairLock", "Semaphore"])
 async def test_a_client_used_on_one_event_loop_after_another(
-    redis_url: str, name: str, kind: str
+    redis_url: str, name: str, kind: str, how: str
 ) -> None:
     """A client and its locks used under ``asyncio.run`` again and again (a sync application
     running each job on a fresh loop, tests with a loop each): every loop's contended cycles
@@ -1659,8 +1673,20 @@ async def test_a_client_used_on_one_event_loop_after_another(
     failed": closing a connection of the closed loop).
 
     In a process of its own: the client is not closed (redis-py cannot close a pool holding
-    connections of closed loops), and what the closed loops leave behind stays there."""
-    err = await _script_says_done(_LOOPS_ONE_AFTER_ANOTHER, (redis_url, name, kind), 120)
+    connections of closed loops), and what the closed loops leave behind stays there.
+
+    Bug (helper-50, ``observed``: a client whose commands go through redis-py's own path, as a
+    Sentinel client's do — ``tests/test_sentinel.py`` has that one): the second loop's acquire
+    raised a bare ``RuntimeError('Event loop is closed')`` after its script had run on the
+    server — no clean-up was sent, and the lock was held by nobody for its whole lease. A
+    client's connections of earlier loops are now forgotten when its locks are first used on
+    a loop, and that error on redis-py's path is a connection failure (the undo is sent)."""
+    await assert_loops_one_after_another(redis_url, name, kind, how)
+
+
+async def assert_loops_one_after_another(url: str, name: str, kind: str, how: str) -> None:
+    """``_LOOPS_ONE_AFTER_ANOTHER`` in a process of its own: done, nothing logged."""
+    err = await _script_says_done(_LOOPS_ONE_AFTER_ANOTHER, (url, name, kind, how), 120)
     logged = [line for line in err.splitlines() if line.startswith("redis_locks_async")]
     assert not logged, logged
 

@@ -20,6 +20,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis_locks_async import Lock, LockLostError
 from tests import _introspect
 from tests.servers import ServerProcess
+from tests.test_regressions import assert_loops_one_after_another
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -181,3 +182,17 @@ async def test_a_held_lock_after_a_failover_is_kept_or_lost_loudly(
         await fresh.release()
     finally:
         await new_master.aclose()
+
+
+async def test_a_sentinel_client_used_on_one_event_loop_after_another(trio: Trio) -> None:
+    """Regression (helper-50): a ``master_for`` client used under one ``asyncio.run`` after
+    another. The second loop's acquire raised a bare ``RuntimeError('Event loop is closed')``
+    after its script had run on the master (redis-py's path sent it on a pooled connection of
+    the first loop): no clean-up, and the lock held by nobody for its whole lease."""
+    for kind in ("Lock", "Semaphore"):
+        await assert_loops_one_after_another(
+            f"{trio.sentinel.host}:{trio.sentinel.port}",
+            f"loops:{kind}",
+            kind,
+            f"sentinel:{SERVICE}",
+        )

@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from redis_locks_async import Lock, LockError
-from redis_locks_async._wire import PIPELINE_STEP, fast_pool, run_pipeline, run_script
+from redis_locks_async._wire import PIPELINE_STEP, fast_pool, loop_error, run_pipeline, run_script
 from tests import _introspect as introspect
 
 from .conftest import Connect
@@ -545,3 +545,13 @@ async def test_renewals_of_a_wrapped_pipeline_take_redis_pys_way(
         finally:
             del client.pipeline
         assert lock.owned()
+
+
+def test_only_event_loop_errors_are_connection_failures() -> None:
+    """What redis-py's own path lets through for a connection of a closed or another event
+    loop is taken for a connection failure (its command may have been written: the caller
+    sends the undo); any other ``RuntimeError`` stays what it is."""
+    assert loop_error(RuntimeError("Event loop is closed"))
+    assert loop_error(RuntimeError("Task got Future <Future> attached to a different loop"))
+    assert not loop_error(RuntimeError("something else"))
+    assert not loop_error(ValueError("Event loop is closed"))

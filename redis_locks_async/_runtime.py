@@ -140,11 +140,13 @@ class ClientRef:
 class Standalone(ClientRef):
     """One server (or a Sentinel-managed master) behind a ``redis.asyncio.Redis`` client."""
 
-    __slots__ = ("_subscriptions",)
+    __slots__ = ("_sentinel", "_subscriptions")
 
     def __init__(self, client: Any) -> None:
         super().__init__(client)
         self._subscriptions = Subscriptions(lambda: self.client)
+        pool = getattr(client, "connection_pool", None)
+        self._sentinel = getattr(pool, "sentinel_manager", None) is not None
 
     @property
     def sharded(self) -> bool:
@@ -169,8 +171,11 @@ class Standalone(ClientRef):
         return transient_error(exc)
 
     def passing(self, exc: BaseException) -> bool:
-        """Nothing: a server that does not answer fails a fresh acquisition at once."""
-        return False
+        """A Sentinel-managed master: what a failover under way looks like (no master known
+        yet, the old one unreachable or demoted: :func:`transient_error`) — Sentinel ends it
+        by itself. One server alone: nothing (one that does not answer fails a fresh
+        acquisition at once)."""
+        return self._sentinel and transient_error(exc)
 
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """One pipeline (one round trip): :func:`pipelined`."""

@@ -17,7 +17,7 @@ import pytest
 import redis
 from redis.asyncio.sentinel import Sentinel
 
-from redis_locks_async import Lock, LockLostError
+from redis_locks_async import Lock, LockError, LockLostError
 from tests import _introspect
 from tests.servers import ServerProcess
 from tests.test_regressions import assert_loops_one_after_another
@@ -196,3 +196,28 @@ async def test_a_sentinel_client_used_on_one_event_loop_after_another(trio: Trio
             kind,
             f"sentinel:{SERVICE}",
         )
+
+
+async def test_a_fresh_acquisition_waits_out_a_failover_within_its_timeout(
+    trio: Trio, masters: list[Any]
+) -> None:
+    """Found by helper-50: with the master killed, a fresh ``acquire(timeout=20)`` raised
+    ``LockError`` ("No master found", "Error 111 connecting") at once, while Sentinel was
+    about to promote the replica — the waiters already waiting rode the failover out. On a
+    Sentinel-managed master a failover under way is now waited out within the caller's
+    timeout (as a cluster's is); without a timeout left, it still fails at once."""
+    a, _ = masters
+    assert await Lock(a, "sentinel:warm").acquire(blocking=False)  # a pooled connection
+    trio.master.cleanup()  # killed: Sentinel promotes the replica within a few seconds
+    with pytest.raises(LockError):
+        await Lock(a, "sentinel:try", lease=5.0).acquire(blocking=False)
+
+    async def fresh() -> bool:
+        lock = Lock(a, "sentinel:fresh", lease=5.0)
+        if not await lock.acquire(timeout=20):
+            return False
+        await lock.release()
+        return True
+
+    assert await asyncio.wait_for(asyncio.create_task(fresh()), 25)
+    assert trio.master_port() == trio.replica.port

@@ -65,7 +65,7 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import MaxConnectionsError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._lane import Lane, lane_capable, lane_possible
@@ -98,6 +98,12 @@ _PLAIN_CONNECTIONS: Final = (Connection, SSLConnection, UnixDomainSocketConnecti
 
 Keys = tuple[str | bytes, ...]
 Args = Sequence[str | int | float | bytes]
+LANE_OPEN_PATIENCE: Final = 2.0
+"""Seconds a lane's connection may take to connect and answer its handshake when the client
+sets no socket timeouts (else their sum, if longer): a server that accepts the connection but
+never answers (a silent network, a paused server) would keep the opener — and every call
+awaiting it — for ever, past the client's close."""
+
 PIPELINE_STEP: Final = 100
 """Commands packed, and replies read, per event-loop step in :func:`run_pipeline`."""
 _HEADS_MAX: Final = 4096  # cached command heads per pool (one per script and lock, typically)
@@ -666,11 +672,22 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
     if conn is None:
         if _crowded(fast):
             return None
-        conn = await pool.get_connection()
+        conn = _new_connection(fast)
+        if conn is None:
+            return None  # (the pool busy with its own bookkeeping: the call takes its turn)
     try:
         forget_foreign(conn, loop)
         if not conn.is_connected:
-            await conn.connect_check_health(check_health=True, retry_socket_connect=False)
+            patience = _open_patience(pool)
+            try:
+                await asyncio.wait_for(
+                    conn.connect_check_health(check_health=True, retry_socket_connect=False),
+                    patience,
+                )
+            except asyncio.TimeoutError as exc:
+                raise RedisTimeoutError(
+                    f"a new connection did not answer its handshake within {patience:g} s"
+                ) from exc
         if not lane_capable(conn):
             raise _NoLane  # (this connection: the call takes it as a connection of its own)
         try:
@@ -688,6 +705,27 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
     lane.on_close(lambda closed: _lane_closed(fast, closed))
     fast.lane = lane
     return lane
+
+
+def _new_connection(fast: FastPool) -> Any:
+    """A connection of the pool to open — not connected yet, marked in use — or ``None`` when
+    the pool is busy with its own bookkeeping or has none to give. Not the pool's own
+    ``get_connection()``: that one also connects, without a bound, and a connect cut short
+    there (a cancellation) puts the connection back half-open, its handshake's reply owed."""
+    pool: Any = fast.pool
+    if pool._lock.locked() or getattr(pool, "_in_maintenance", False):
+        return None
+    try:
+        return pool.get_available_connection()
+    except MaxConnectionsError:
+        return None
+
+
+def _open_patience(pool: Any) -> float:
+    """How long a lane's connection may take to open (:data:`LANE_OPEN_PATIENCE`)."""
+    kwargs = pool.connection_kwargs
+    timeouts = [kwargs.get("socket_connect_timeout"), kwargs.get("socket_timeout")]
+    return max(LANE_OPEN_PATIENCE, sum(t for t in timeouts if isinstance(t, int | float)))
 
 
 def _crowded(fast: FastPool) -> bool:

@@ -396,3 +396,35 @@ async def test_an_error_of_a_connection_kind_is_raised_not_returned(connect: Con
 
     await asyncio.gather(*(call(i) for i in range(10)))
     assert _lane(client) is not None
+
+
+async def test_a_lane_whose_connection_never_answers_is_given_up(
+    fault_proxy: FaultProxy, connect: Connect
+) -> None:
+    """Regression (helper-51): the lane's opener, a task of its own, connected through the
+    pool's ``get_connection()`` with no bound. To a server that accepted the connection but
+    never answered its handshake (a silent network, a paused server; no socket timeouts) it
+    waited for ever — past the client's close, and past the network's repair (the handshake's
+    bytes were lost) — and a connection it finally opened went back into the closed client's
+    pool. The opener now gives a handshake ``LANE_OPEN_PATIENCE`` (2 s), and drops the
+    connection it could not open."""
+    # (A client that retries, as ``Redis(host=...)`` does by default: the close's disconnect
+    # failed the connect, which the retry began again.)
+    client = _fresh(connect, fault_proxy.url, retry=Retry(NoBackoff(), 3))
+    fault_proxy.blackhole()
+    assert not await Lock(client, "lane:silent").acquire(timeout=1.0)
+    await client.aclose()
+
+    def library_tasks() -> list[str]:
+        coroutines = [task.get_coro() for task in asyncio.all_tasks()]
+        return [
+            getattr(coro, "__qualname__", "?")
+            for coro in coroutines
+            if "redis_locks_async" in getattr(getattr(coro, "cr_code", None), "co_filename", "")
+        ]
+
+    # (README: after the close no task of the library is left, within 2 s + 2 s.)
+    await until(lambda: not library_tasks(), what="the library's tasks to end", within=4.5)
+    pool: Any = client.connection_pool
+    connections = [*pool._available_connections, *pool._in_use_connections]
+    assert not [conn for conn in connections if conn.is_connected]

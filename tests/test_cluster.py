@@ -312,6 +312,24 @@ async def test_redis_py_resetting_its_slot_map_is_not_a_close(
     await holder.release()
 
 
+@contextlib.asynccontextmanager
+async def _cluster_and_two_clients(
+    server_binary: Path,
+) -> AsyncIterator[tuple[list[ServerProcess], RedisCluster, RedisCluster]]:
+    """A cluster of 3 primaries with a replica each, and two clients of it — one for the
+    holders, one for the waiters (two "processes") — initialized, and closed afterwards."""
+    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
+        first = nodes[0]
+        holding, waiting = (RedisCluster(host=first.host, port=first.port) for _ in range(2))
+        try:
+            await holding.initialize()
+            await waiting.initialize()
+            yield nodes, holding, waiting
+        finally:
+            await holding.aclose()
+            await waiting.aclose()
+
+
 def _primary_and_replica(
     nodes: list[ServerProcess], client: RedisCluster, name: str
 ) -> tuple[ServerProcess, ServerProcess]:
@@ -474,43 +492,35 @@ async def test_waiters_follow_their_lock_to_a_promoted_replica(server_binary: Pa
     from its pipelines too — which serve multi-key commands such as ``exists(a, b)`` — and
     that was taken for the user's close: every lock of the client failed ("the redis client
     was closed")."""
-    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
-        first = nodes[0]
-        holding, waiting = (RedisCluster(host=first.host, port=first.port) for _ in range(2))
-        await holding.initialize()
-        await waiting.initialize()
-        try:
-            name = "{failover}:follow"
-            primary, replica = _primary_and_replica(nodes, holding, name)
-            lock = Lock(holding, name, lease=30.0)
-            assert await lock.acquire(blocking=False)
-            waiter = asyncio.create_task(_hold_briefly(Lock(waiting, name), timeout=60))
-            await asyncio.sleep(0.3)  # replicated; the waiter is subscribed
-            started = time.monotonic()
-            primary.kill()
-            with contextlib.suppress(RedisError, RedisClusterException):
-                await waiting.exists(name, "elsewhere")  # a pipeline, reset by the dead node
-            await _promoted(replica, started)
-            while True:  # the holder's client finds the lock on the new primary
-                with contextlib.suppress(RedisError, RedisClusterException, LockError):
-                    if await lock.locked():
-                        break
-                assert time.monotonic() - started < 30, "the lock is not on the new primary"
-                await asyncio.sleep(0.1)
-            channel = lock._policy.keys.channel
-            await until(
-                lambda: _subscribed_on(replica, channel),
-                what="the waiter to follow its lock to the new primary",
-                within=10.0,
-            )
-            assert not waiter.done()
-            released = time.monotonic()
-            await lock.release()
-            assert await asyncio.wait_for(waiter, 10) is True
-            assert time.monotonic() - released < 2.0, "the waiter was not woken by the release"
-        finally:
-            await holding.aclose()
-            await waiting.aclose()
+    async with _cluster_and_two_clients(server_binary) as (nodes, holding, waiting):
+        name = "{failover}:follow"
+        primary, replica = _primary_and_replica(nodes, holding, name)
+        lock = Lock(holding, name, lease=30.0)
+        assert await lock.acquire(blocking=False)
+        waiter = asyncio.create_task(_hold_briefly(Lock(waiting, name), timeout=60))
+        await asyncio.sleep(0.3)  # replicated; the waiter is subscribed
+        started = time.monotonic()
+        primary.kill()
+        with contextlib.suppress(RedisError, RedisClusterException):
+            await waiting.exists(name, "elsewhere")  # a pipeline, reset by the dead node
+        await _promoted(replica, started)
+        while True:  # the holder's client finds the lock on the new primary
+            with contextlib.suppress(RedisError, RedisClusterException, LockError):
+                if await lock.locked():
+                    break
+            assert time.monotonic() - started < 30, "the lock is not on the new primary"
+            await asyncio.sleep(0.1)
+        channel = lock._policy.keys.channel
+        await until(
+            lambda: _subscribed_on(replica, channel),
+            what="the waiter to follow its lock to the new primary",
+            within=10.0,
+        )
+        assert not waiter.done()
+        released = time.monotonic()
+        await lock.release()
+        assert await asyncio.wait_for(waiter, 10) is True
+        assert time.monotonic() - released < 2.0, "the waiter was not woken by the release"
 
 
 def _migrate_slot(
@@ -1151,42 +1161,34 @@ async def test_waiters_follow_their_lock_through_a_graceful_failover(
             return None
 
         monkeypatch.setattr(Cluster, "refresh", learns_nothing)
-    with running_cluster(server_binary, primaries=3, replicas_per_primary=1) as nodes:
-        first = nodes[0]
-        holding, waiting = (RedisCluster(host=first.host, port=first.port) for _ in range(2))
-        await holding.initialize()
-        await waiting.initialize()
-        try:
-            tag = "{graceful}"
-            primary, replica = _primary_and_replica(nodes, holding, tag)
-            held: list[Lock | Semaphore] = [
-                Lock(holding, tag + "lock", lease=3),
-                Semaphore(holding, tag + "sem", 1, lease=3),
-            ]
-            waiters: list[Lock | Semaphore] = [
-                Lock(waiting, tag + "lock"),
-                Semaphore(waiting, tag + "sem", 1),
-            ]
-            for lock in held:
-                assert await lock.acquire(blocking=False)
-            waits = [asyncio.create_task(_hold_briefly(lock, timeout=30)) for lock in waiters]
-            await asyncio.sleep(0.3)  # subscribed, registered
-            _admin(replica, "CLUSTER", "FAILOVER")
-            await _promoted(replica, time.monotonic())
-            for lock in waiters:
-                await until(
-                    functools.partial(_subscribed_on, replica, lock._policy.keys.channel),
-                    what=f"{lock.name} to follow its slot to the new primary",
-                    within=10.0,
-                )
-            assert not any(task.done() for task in waits)
-            released = time.monotonic()
-            for lock in held:
-                await lock.release()
-            for task in waits:
-                assert await asyncio.wait_for(task, 10) is True
-            assert time.monotonic() - released < 1.0, "a waiter was not woken by the release"
-            assert not await _subscribed_on(primary, waiters[0]._policy.keys.channel)
-        finally:
-            await holding.aclose()
-            await waiting.aclose()
+    async with _cluster_and_two_clients(server_binary) as (nodes, holding, waiting):
+        tag = "{graceful}"
+        primary, replica = _primary_and_replica(nodes, holding, tag)
+        held: list[Lock | Semaphore] = [
+            Lock(holding, tag + "lock", lease=3),
+            Semaphore(holding, tag + "sem", 1, lease=3),
+        ]
+        waiters: list[Lock | Semaphore] = [
+            Lock(waiting, tag + "lock"),
+            Semaphore(waiting, tag + "sem", 1),
+        ]
+        for lock in held:
+            assert await lock.acquire(blocking=False)
+        waits = [asyncio.create_task(_hold_briefly(lock, timeout=30)) for lock in waiters]
+        await asyncio.sleep(0.3)  # subscribed, registered
+        _admin(replica, "CLUSTER", "FAILOVER")
+        await _promoted(replica, time.monotonic())
+        for lock in waiters:
+            await until(
+                functools.partial(_subscribed_on, replica, lock._policy.keys.channel),
+                what=f"{lock.name} to follow its slot to the new primary",
+                within=10.0,
+            )
+        assert not any(task.done() for task in waits)
+        released = time.monotonic()
+        for lock in held:
+            await lock.release()
+        for task in waits:
+            assert await asyncio.wait_for(task, 10) is True
+        assert time.monotonic() - released < 1.0, "a waiter was not woken by the release"
+        assert not await _subscribed_on(primary, waiters[0]._policy.keys.channel)

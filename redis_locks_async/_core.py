@@ -71,7 +71,7 @@ from typing import (
 from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
 from . import _telemetry as telemetry
-from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout
+from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout, describe
 from ._keys import LockKeys
 from ._lease import Hold, HoldState, Lease, LostCallback, Snapshot, unclaimed
 from ._owners import new_owner_id
@@ -79,6 +79,7 @@ from ._parking import Granted, News, ParkingLot, Waiter
 from ._runtime import Runtime, existing_runtime, runtime_for
 from ._scripts import Call, explain, ints, wrong_type_error
 from ._validation import check_lease, check_name, check_replicas, check_timeout, to_ms
+from ._wire import recent_failure
 
 if TYPE_CHECKING:
     from ._notify import Hub
@@ -841,7 +842,7 @@ class LockBase:
         except asyncio.TimeoutError as exc:
             raise LockError(
                 f"cannot inspect {self._name!r}: no reply from the server within "
-                f"{TRY_BOUND:g} s{_NO_REPLY}",
+                f"{TRY_BOUND:g} s{_NO_REPLY}{recent_failure(self._redis, TRY_BOUND)}",
                 name=self._name,
             ) from exc
         except (RedisError, OSError) as exc:
@@ -972,8 +973,8 @@ class LockBase:
             if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
                 await _settle_undo(undo)
                 raise LockError(
-                    f"cannot acquire {self._name!r}: the replica sync failed ({exc!r}); the lock "
-                    "was given up",
+                    f"cannot acquire {self._name!r}: the replica sync failed ({describe(exc)}); "
+                    "the lock was given up",
                     name=self._name,
                 ) from exc
             raise
@@ -1435,7 +1436,7 @@ class LockBase:
             except MaxConnectionsError:
                 await asyncio.sleep(_POOL_BACKOFF[-1])
             except (RedisError, OSError, LockError) as exc:
-                logger.info("%s of %r failed (%r); retrying", what, self._name, exc)
+                logger.info("%s of %r failed (%s); retrying", what, self._name, describe(exc))
                 await asyncio.sleep(delay)
         logger.warning("%s of %r gave up; its lease ends by itself", what, self._name)
 
@@ -1583,7 +1584,7 @@ class LockBase:
                 if timeout == 0:
                     raise LockError(
                         f"cannot acquire {self._name!r}: no reply from the server within "
-                        f"{TRY_BOUND:g} s{_NO_REPLY}",
+                        f"{TRY_BOUND:g} s{_NO_REPLY}{recent_failure(self._redis, TRY_BOUND)}",
                         name=self._name,
                     ) from None
                 if bound == deadline:
@@ -1606,7 +1607,7 @@ class LockBase:
                 # A slot migration or a failover under way: wait it out like a waiter, whose
                 # attempts retry such errors until the deadline (a new owner: the undo of
                 # this attempt fences the old one off).
-                logger.info("acquiring %r: %r; retrying", self._name, exc)
+                logger.info("acquiring %r: %s; retrying", self._name, describe(exc))
                 reply = None
             finally:
                 if not contended:
@@ -1782,7 +1783,9 @@ class LockBase:
                         raise await self._explain(exc, "acquire") from exc
                     delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF) - 1)]
                     failures += 1
-                    logger.info("waiting for %r: %r; retrying in %.2fs", self._name, exc, delay)
+                    logger.info(
+                        "waiting for %r: %s; retrying in %.2fs", self._name, describe(exc), delay
+                    )
                     await waiter.sleep(_earlier(loop.time() + delay, deadline))
                     continue
                 waiter.mark_answered()
@@ -2473,7 +2476,7 @@ class LockBase:
                     break
                 delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF) - 1)]
                 failures += 1
-                logger.info("releasing %r failed (%r); retrying", self._name, exc)
+                logger.info("releasing %r failed (%s); retrying", self._name, describe(exc))
                 await asyncio.sleep(min(delay, max(0.01, hold.remaining())))
             if not hold.live or hold.remaining() == 0:
                 status = -1
@@ -2518,8 +2521,9 @@ class LockBase:
             if runtime.topology.transient(exc):
                 self._undo(runtime, self._abandon(hold.owner), until=hold.expires_at)
                 raise LockError(
-                    f"cannot confirm the release of {self._name!r} ({exc!r}): it is retried in "
-                    "the background, and the lock frees itself when its lease ends at the latest",
+                    f"cannot confirm the release of {self._name!r} ({describe(exc)}): it is "
+                    "retried in the background, and the lock frees itself when its lease ends at "
+                    "the latest",
                     name=self._name,
                 ) from exc
             error = await self._explain(exc, "release")

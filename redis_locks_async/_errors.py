@@ -43,3 +43,11 @@ class LockLostError(LockNotOwnedError):
     Work done under the lock after this point was not protected; the fencing token lets the
     protected resource reject such writes.
     """
+
+
+def describe(exc: object) -> str:
+    """``exc`` for a message or a log line, with its text: ``ConnectionError('max number of
+    clients reached')``. Not ``repr(exc)``: redis-py 8's errors print as
+    ``network:ConnectionError``, without what went wrong. (``None``: a connection lost
+    without an error.)"""
+    return BaseException.__repr__(exc) if isinstance(exc, BaseException) else repr(exc)

@@ -74,7 +74,7 @@ from typing import Any, Final, cast, final
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, RedisError, ResponseError
 
-from ._errors import LockError
+from ._errors import LockError, describe
 from ._keys import LockKeys
 from ._lock import LOCK_ACQUIRE, LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW
 from ._notify import SubscriptionHub, Subscriptions, subscription_refusal
@@ -819,7 +819,9 @@ def _outcome(task: asyncio.Task[object], master: Any) -> object:
     if isinstance(exc, TORN_DOWN):
         # redis-py on a transport torn down under the call (the master restarted): a broken
         # connection, retried as one — not a bug to report.
-        logger.info("renewing on %r: the connection broke under the call (%r)", master, exc)
+        logger.info(
+            "renewing on %r: the connection broke under the call (%s)", master, describe(exc)
+        )
         return connection_failed(exc)
     logger.error("renewing on %r failed", master, exc_info=exc)
     return exc

@@ -44,6 +44,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._errors import describe
+
 try:
     import hiredis
 except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
@@ -198,7 +200,7 @@ class Lane(asyncio.Protocol):
                         future.set_result(reply)
                 reply = reader.gets()
         except Exception as exc:  # a protocol error: nothing on this connection can be trusted
-            self._fail(RedisConnectionError(f"unreadable reply on the lane: {exc!r}"))
+            self._fail(RedisConnectionError(f"unreadable reply on the lane: {describe(exc)}"))
             return
         self._progress = self.loop.time()
         if not pending and (self.demoted or self._crowded()):
@@ -208,7 +210,7 @@ class Lane(asyncio.Protocol):
         return None  # the transport closes itself; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(RedisConnectionError(f"the lane's connection was lost: {exc!r}"))
+        self._fail(RedisConnectionError(f"the lane's connection was lost: {describe(exc)}"))
         # redis-py's stream protocol waits for this to finish a disconnect() of the connection.
         self._inner.connection_lost(exc)
 

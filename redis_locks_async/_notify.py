@@ -81,7 +81,7 @@ from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import AskError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._errors import LockError
+from ._errors import LockError, describe
 from ._keys import key_slot
 from ._lane import lane_capable, reply_reader
 from ._owners import process_tag
@@ -342,13 +342,13 @@ class _Tap(asyncio.Protocol):
                     hub._dispatch(kind, _text(frame[1]), data_)
                 frame = reader.gets()
         except Exception as exc:  # unreadable: nothing on this connection can be trusted
-            self._fail(RedisConnectionError(f"unreadable pub/sub frame: {exc!r}"))
+            self._fail(RedisConnectionError(f"unreadable pub/sub frame: {describe(exc)}"))
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes itself; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(RedisConnectionError(f"the pub/sub connection was lost: {exc!r}"))
+        self._fail(RedisConnectionError(f"the pub/sub connection was lost: {describe(exc)}"))
         self._inner.connection_lost(exc)  # redis-py's stream protocol: its close completes
 
     def pause_writing(self) -> None:
@@ -525,9 +525,9 @@ class SubscriptionHub:
             try:
                 await asyncio.wait_for(self._command(pubsub, command, *channels), _SEND_TIMEOUT)
             except _CONNECTION_TROUBLE as exc:
-                logger.info("pub/sub %s failed: %r", command, exc)
+                logger.info("pub/sub %s failed: %s", command, describe(exc))
                 if generation == self._generation:
-                    await self._reset(f"{command} failed: {exc!r}")
+                    await self._reset(f"{command} failed: {describe(exc)}")
 
     def _owe(self, command: str, channels: tuple[str, ...]) -> None:
         """``command`` (an (un)subscription of one lock: its presence channel, then its channel)
@@ -575,12 +575,12 @@ class SubscriptionHub:
             try:
                 owns = await asyncio.wait_for(self._owns(channel), _SEND_TIMEOUT)
             except Exception as exc:  # (unreachable: a reconnection follows anyway)
-                logger.debug("pub/sub: asking the node about %r failed: %r", channel, exc)
+                logger.debug("pub/sub: asking the node about %r failed: %s", channel, describe(exc))
         if owns is None and self._refresh is not None:
             try:
                 await asyncio.wait_for(self._refresh(channel), _SEND_TIMEOUT)
             except Exception as exc:  # a hint only: the subscription decides (MOVED: _moved)
-                logger.debug("pub/sub: slot look-up failed: %r", exc)
+                logger.debug("pub/sub: slot look-up failed: %s", describe(exc))
         if channel not in self._channels:
             return
         if owns is None:
@@ -757,7 +757,7 @@ class SubscriptionHub:
             try:
                 await asyncio.wait_for(self._refresh(next(iter(self._channels))), _SEND_TIMEOUT)
             except Exception as exc:  # the node is down: errors are expected, and only a hint
-                logger.debug("pub/sub: slot look-up failed: %r", exc)
+                logger.debug("pub/sub: slot look-up failed: %s", describe(exc))
         self._give_up([c for c in self._channels if not serves(c)], "node replaced")
 
     def _give_up(self, channels: list[str], why: str) -> None:
@@ -790,7 +790,9 @@ class SubscriptionHub:
                     await self._relocate()
                     delay = _RECONNECT_BACKOFF[min(failures, len(_RECONNECT_BACKOFF) - 1)]
                     failures += 1
-                    logger.info("pub/sub connect failed (%r); retrying in %.2fs", exc, delay)
+                    logger.info(
+                        "pub/sub connect failed (%s); retrying in %.2fs", describe(exc), delay
+                    )
                     await asyncio.sleep(delay)
                     continue
                 last_rx, ping_sent, heard, seen = loop.time(), None, False, 0
@@ -815,7 +817,7 @@ class SubscriptionHub:
                     continue
                 if isinstance(exc, ResponseError):
                     self._refused(exc)
-                await self._reset(f"{exc!r}", stale=not heard and _of_another_loop(exc))
+                await self._reset(f"{describe(exc)}", stale=not heard and _of_another_loop(exc))
                 if not heard:
                     # Failed before a single confirmation: back off, or a refused
                     # subscription would reconnect in a hot loop.
@@ -848,7 +850,7 @@ class SubscriptionHub:
                 try:
                     await asyncio.wait_for(self._command(pubsub, "ping", _PING_TEXT), _SEND_TIMEOUT)
                 except _CONNECTION_TROUBLE as exc:
-                    await self._reset(f"PING failed: {exc!r}")
+                    await self._reset(f"PING failed: {describe(exc)}")
         self._listener = None
         if not self._closing:
             self._retire()
@@ -1026,4 +1028,4 @@ async def _close_quietly(pubsub: Any) -> None:
     try:
         await asyncio.wait_for(pubsub.aclose(), _SEND_TIMEOUT)
     except Exception as exc:  # a broken connection, or one of a closed event loop: let it go
-        logger.debug("closing a pub/sub connection failed: %r", exc)
+        logger.debug("closing a pub/sub connection failed: %s", describe(exc))

@@ -63,7 +63,7 @@ from typing import Any, Final, final
 from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
 from . import _telemetry as telemetry
-from ._errors import LockError
+from ._errors import LockError, describe
 from ._lease import Hold, HoldState
 from ._wire import PIPELINE_STEP
 
@@ -476,15 +476,17 @@ class LeaseKeeper:
 
     def _wait_for_pool(self, hold: Hold, exc: object, now: float) -> None:
         if now >= hold.expires_at:
-            self._lose(hold, f"no free connection to renew it until the lease ended: {exc!r}")
+            self._lose(
+                hold, f"no free connection to renew it until the lease ended: {describe(exc)}"
+            )
             return
         hold.renew_at = min(now + _POOL_WAIT, hold.expires_at)
 
     def _retry_or_lose(self, hold: Hold, exc: BaseException, now: float, failures: int) -> None:
         if now >= hold.expires_at:
-            self._lose(hold, f"renewal failed until the lease ended: {exc!r}")
+            self._lose(hold, f"renewal failed until the lease ended: {describe(exc)}")
             return
-        logger.info("renewing %r failed (%r); retrying", hold.name, exc)
+        logger.info("renewing %r failed (%s); retrying", hold.name, describe(exc))
         delay = _BACKOFF[min(failures, len(_BACKOFF) - 1)]
         retry_at = now + min(delay, (hold.expires_at - now) / 2)
         hold.renew_at = retry_at

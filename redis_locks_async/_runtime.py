@@ -37,7 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._errors import LockError
+from ._errors import LockError, describe
 from ._lease import Hold
 from ._notify import Hub, SubscriptionHub, Subscriptions, subscription_refusal
 from ._parking import ParkingLot, Waiter
@@ -637,7 +637,7 @@ async def _within(coro: Coroutine[Any, Any, Any], seconds: float, clients: Seque
                     await close(client)
                     await let_go(client)
                 except Exception as exc:  # closing what is broken: nothing more to do
-                    logger.debug("closing %r again failed: %r", client, exc)
+                    logger.debug("closing %r again failed: %s", client, describe(exc))
 
 
 async def _settled(tasks: set[asyncio.Task[Any]]) -> None:

@@ -68,6 +68,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._errors import describe
 from ._lane import Lane, lane_capable, lane_possible
 
 try:
@@ -136,6 +137,7 @@ class FastPool:
         "condition",
         "encoding",
         "errors",
+        "failure",
         "heads",
         "lane",
         "laned",
@@ -169,6 +171,16 @@ class FastPool:
         self.lane: Lane | None = None
         self.opening: asyncio.Future[Lane | None] | None = None
         self.retry: Any = None
+        # The last connection error a call through this pool met (under its Retry, which
+        # hides it while it retries) and the loop time it came: what "no reply within …"
+        # messages name (recent_failure).
+        self.failure: tuple[BaseException, float] | None = None
+
+    async def failed(self, error: BaseException) -> None:
+        """The Retry's hook between tries of a lane call: the error is recorded; nothing is
+        undone (a failed lane has closed itself, and a lane that failed to open has given its
+        connection back)."""
+        self.failure = (error, asyncio.get_running_loop().time())
 
     def pack(
         self, sha: str, keys: Keys, args: Args, code: bytes | None = None, *, cache: bool = True
@@ -274,6 +286,23 @@ def fast_pool(client: object) -> FastPool | None:
         fast = FastPool(pool) if _qualifies(pool) else None
         setattr(pool, _FAST, fast)
     return fast  # type: ignore[return-value]
+
+
+def recent_failure(client: object, within: float) -> str:
+    """The last connection error a script call to ``client``'s server met in the last
+    ``within`` seconds, for a message ("…; the last connection error, 0.4 s ago:
+    ConnectionError('max number of clients reached')"), or ``""``: the client's ``Retry``
+    retries such errors out of sight until a bound ends the call, and the bound alone does not
+    say why. Known only where the library's own way reaches the server (:func:`fast_pool`)."""
+    fast = getattr(getattr(client, "connection_pool", None), _FAST, None)
+    failure = fast.failure if isinstance(fast, FastPool) else None
+    if failure is None:
+        return ""
+    error, at = failure
+    ago = asyncio.get_running_loop().time() - at
+    if ago > within:
+        return ""
+    return f"; the last connection error, {ago:.1f} s ago: {describe(error)}"
 
 
 def unobserved(client: object) -> bool:
@@ -454,7 +483,7 @@ def _loop_of(conn: Any) -> asyncio.AbstractEventLoop | None:
 
 def connection_failed(exc: BaseException) -> RedisConnectionError:
     """The connection error that stands for ``exc`` (raise it ``from exc``)."""
-    return RedisConnectionError(f"the connection failed under the call: {exc!r}")
+    return RedisConnectionError(f"the connection failed under the call: {describe(exc)}")
 
 
 async def run_script(
@@ -495,7 +524,7 @@ async def run_script(
             # The Retry every connection of the pool gets (a connection object is only built).
             retry = fast.retry = pool.connection_class(**pool.connection_kwargs).retry
         try:
-            return await retry.call_with_retry(attempt, _nothing)
+            return await retry.call_with_retry(attempt, fast.failed)
         except _NoLane:
             pass
     if conn is None:
@@ -514,8 +543,12 @@ async def run_script(
 def _sent(
     conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None
 ) -> Awaitable[object]:
+    async def failed(error: BaseException) -> None:
+        await fast.failed(error)
+        await drop_connection(conn)
+
     return conn.retry.call_with_retry(  # type: ignore[no-any-return]
-        lambda: _exchange(conn, fast, sha, keys, args, code), lambda _error: drop_connection(conn)
+        lambda: _exchange(conn, fast, sha, keys, args, code), failed
     )
 
 
@@ -784,11 +817,6 @@ async def _on_lane(fast: FastPool, packed: bytes) -> object:
     if lane is None:
         raise _NoLane
     return await lane.call(packed)
-
-
-async def _nothing(_error: BaseException) -> None:
-    """Nothing to undo before a retry: a failed lane has closed itself, and a lane that failed
-    to open has given its connection back."""
 
 
 async def _notify(condition: asyncio.Condition) -> None:

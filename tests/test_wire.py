@@ -17,9 +17,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from redis_locks_async import Lock, LockError
+from redis_locks_async._errors import describe
 from redis_locks_async._wire import PIPELINE_STEP, fast_pool, loop_error, run_pipeline, run_script
 from tests import _introspect as introspect
 
@@ -555,3 +557,42 @@ def test_only_event_loop_errors_are_connection_failures() -> None:
     assert loop_error(RuntimeError("Task got Future <Future> attached to a different loop"))
     assert not loop_error(RuntimeError("something else"))
     assert not loop_error(ValueError("Event loop is closed"))
+
+
+async def test_a_try_on_a_server_at_maxclients_names_the_refusal(
+    server_factory: ServerFactory, name: str
+) -> None:
+    """Regression (lead of stop 34): a try (``blocking=False``) on a server at ``maxclients``
+    raised "no reply from the server within 1 s" and nothing more — the server's "max number
+    of clients reached" was retried inside the client's ``Retry`` (redis-py's default backs
+    off for seconds) and never reached the caller. The message now names the last connection
+    error the call met, with its text (redis-py 8 prints its errors without it)."""
+    server = server_factory(extra_args=("--maxclients", "1"))
+    hog = aioredis.Redis(host=server.host, port=server.port)
+    client = aioredis.Redis(host=server.host, port=server.port)
+    try:
+        await hog.ping()  # the server's only client
+        lock = Lock(client, name, auto_renew=False)
+        with pytest.raises(LockError, match="max number of clients reached") as caught:
+            await lock.acquire(blocking=False)
+        assert name in str(caught.value)
+        await hog.aclose()  # room again: the same lock works (once the server saw it go)
+        for _ in range(50):
+            with contextlib.suppress(LockError):
+                if await lock.acquire(blocking=False):
+                    break
+            await asyncio.sleep(0.2)
+        else:
+            pytest.fail("the lock never became available again")
+        await lock.release()
+    finally:
+        await client.aclose()
+        await hog.aclose()
+
+
+def test_errors_are_described_with_their_text() -> None:
+    """redis-py 8's errors print as ``network:ConnectionError``: the library's messages and
+    logs name an error with its text instead."""
+    error = RedisConnectionError("max number of clients reached")
+    assert describe(error) == "ConnectionError('max number of clients reached')"
+    assert describe(None) == "None"

@@ -2,7 +2,7 @@
 # every target that needs the virtualenv creates it (.venv) first.
 #
 #   make test       ruff + mypy --strict + pytest once per server binary (bundled Valkey, system Redis),
-#                   plus fast subsets on Python 3.10/3.13 and with the minimum dependency versions
+#                   plus fast subsets on Python 3.10/3.12/3.13 and with the minimum dependency versions
 #   make demo       python -m redis_locks_async demo (embedded server unless REDIS_URL is set)
 #   make bench      python -m benchmarks
 #   make soak       the S6 stateful harness at length (SOAK_EXAMPLES x SOAK_STEPS per primitive)
@@ -81,7 +81,7 @@ pytest: venv
 # The fast subset on the oldest and newest supported Pythons (SPEC §7), against the bundled
 # Valkey, each in its own .venv-X.Y with only the `test` extra. A version that is not installed
 # (neither pythonX.Y on PATH nor under pyenv) is skipped with a note.
-PY_SUBSET ?= 3.10 3.13
+PY_SUBSET ?= 3.10 3.12 3.13
 FAST_TESTS ?= tests/test_lock.py tests/test_keys.py tests/test_asyncio_only.py tests/test_lane.py
 pytest-pythons:
 	@status=0; \

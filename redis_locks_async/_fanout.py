@@ -978,7 +978,7 @@ class _Janitor:
 
 def _no_quorum(results: list[object], action: str) -> QuorumError:
     answered = sum(1 for r in results if r is not _PENDING and not isinstance(r, BaseException))
-    errors = [repr(r) for r in results if isinstance(r, BaseException)]
+    errors = [describe(r) for r in results if isinstance(r, BaseException)]
     detail = f"; errors: {', '.join(errors[:3])}" if errors else ""
     exc = QuorumError(
         f"no quorum to {action}: {answered} of {len(results)} masters answered in time{detail}"

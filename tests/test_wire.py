@@ -22,6 +22,7 @@ from redis.exceptions import NoScriptError
 
 from redis_locks_async import Lock, LockError
 from redis_locks_async._errors import describe
+from redis_locks_async._fanout import _no_quorum
 from redis_locks_async._wire import PIPELINE_STEP, fast_pool, loop_error, run_pipeline, run_script
 from tests import _introspect as introspect
 
@@ -596,3 +597,5 @@ def test_errors_are_described_with_their_text() -> None:
     error = RedisConnectionError("max number of clients reached")
     assert describe(error) == "ConnectionError('max number of clients reached')"
     assert describe(None) == "None"
+    quorum = _no_quorum([error, [1, 2, 0, 100]], "renew")  # a RedLock round's summary
+    assert "ConnectionError('max number of clients reached')" in str(quorum)

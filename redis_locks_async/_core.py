@@ -47,6 +47,7 @@ Where it is not safe: like every lease-based lock, for a holder paused longer th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import inspect
 import itertools
@@ -55,7 +56,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from types import FrameType, TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -370,10 +371,12 @@ def _wait_for_caller(task: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
     ``wait_for`` puts a ``_release_waiter(waiter)`` callback on the task it awaits, and the
     caller awaits ``waiter``. ``None`` when ``task`` is no such helper (or asyncio's inner
     workings differ)."""
+    helper = False
     for entry in getattr(task, "_callbacks", None) or ():
         callback = entry[0] if isinstance(entry, tuple) else entry
         if getattr(callback, "func", None) is not _RELEASE_WAITER or _RELEASE_WAITER is None:
             continue
+        helper = True
         waiter = callback.args[0] if getattr(callback, "args", None) else None
         for inner in getattr(waiter, "_callbacks", None) or ():
             wakeup = inner[0] if isinstance(inner, tuple) else inner
@@ -382,7 +385,10 @@ def _wait_for_caller(task: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
             # Task of backports.asyncio.runner (pytest-asyncio on 3.10) is not even a Future.
             if callable(getattr(caller, "get_coro", None)) and caller is not task:
                 return cast("asyncio.Task[Any]", caller)
-    return None
+    # A helper whose waiter lists nobody: wait_for's deadline released the waiter in the very
+    # step the helper got the lock, and the caller's wake-up is scheduled already — it is
+    # found suspended in wait_for (helper-53: a Lease handed back released, ~3 in 80).
+    return _awaiting_wait_for(task) if helper else None
 
 
 def _awaiting_wait_for(helper: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
@@ -428,39 +434,50 @@ def _running_task(action: str, name: str) -> asyncio.Task[Any]:
     return task
 
 
-def _pass_through_code() -> object:
-    """The code of anyio's task wrapper (``TaskHandle._run_coro``, anyio ≥ 4.11): it only awaits
-    the coroutine ``start_soon``/``create_task`` was given, so a task it runs ``acquire()`` in
-    ends with ``acquire()`` as surely as one whose own body it is."""
+def _pass_through_codes() -> frozenset[object]:
+    """The code of the coroutines that only await the one they were given and return its
+    result, so that a task whose body one of them is ends with that coroutine as surely as if
+    it were its own body: anyio's task wrapper (``TaskHandle._run_coro``, anyio ≥ 4.11), the
+    one ``anyio.from_thread.run()`` runs a function's coroutine in, and — on Python 3.12+,
+    where it runs the coroutine in the caller's task — ``asyncio.wait_for``."""
     global _PASS_THROUGH
-    if _PASS_THROUGH is _UNKNOWN_CODE:
+    if _PASS_THROUGH is None:
+        codes: set[object] = set() if _HELPER_TASKS else {_WAIT_FOR_CODE}
         try:
+            from anyio._backends._asyncio import AsyncIOBackend
             from anyio._core._tasks import TaskHandle
-
-            _PASS_THROUGH = TaskHandle._run_coro.__code__
         except (ImportError, AttributeError):
-            _PASS_THROUGH = None
+            pass
         except Exception:  # an import that failed this time only
             # (CPython 3.11 can fail every compile() in a task that closed an async generator
             # a certain way — SystemError: the import is tried again next time, and an
             # acquire() is not failed for it.)
-            return None
+            return frozenset(codes)
+        else:
+            with contextlib.suppress(AttributeError):
+                codes.add(TaskHandle._run_coro.__code__)
+            with contextlib.suppress(AttributeError):
+                codes.update(
+                    const
+                    for const in AsyncIOBackend.run_async_from_thread.__code__.co_consts
+                    if isinstance(const, CodeType) and const.co_name == "task_wrapper"
+                )
+        _PASS_THROUGH = frozenset(codes)
     return _PASS_THROUGH
 
 
-_UNKNOWN_CODE: Final = object()
-_PASS_THROUGH: object = _UNKNOWN_CODE
+_PASS_THROUGH: frozenset[object] | None = None
 
 
 def _whole_body(task: asyncio.Task[Any], frame: FrameType | None) -> bool:
     """Whether the coroutine running in ``frame`` is all that ``task`` runs: the task's own
-    coroutine, or the one anyio's task wrapper awaits."""
+    coroutine, or the one a pass-through wrapper awaits (:func:`_pass_through_codes`)."""
     body: FrameType | None = getattr(task.get_coro(), "cr_frame", None)
     if body is frame:
         return True
     if frame is None or body is None or frame.f_back is not body:
         return False
-    return body.f_code is _pass_through_code()
+    return body.f_code in _pass_through_codes()
 
 
 def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
@@ -470,11 +487,15 @@ def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
         return task
     waiting = _awaiting_wait_for(task)
     if waiting is not None:
-        return waiting
+        if getattr(waiting.get_coro(), "cr_code", None) is not _WAIT_FOR_CODE:
+            return waiting
+        task = waiting  # create_task(wait_for(lock.acquire())): it too ends with acquire()
     raise LockError(
         f"cannot acquire {name!r}: acquire() is the whole body of task {task.get_name()!r}, "
         "which ends as soon as acquire() returns, so nothing could hold the lock (the lock is "
-        "owned by the task that acquires it). Await lock.acquire() — or use `async with "
+        "owned by the task that acquires it; asyncio.shield(), gather(), create_task() and "
+        "anyio.from_thread.run() run a coroutine in a task of its own). Await lock.acquire() "
+        "— or use `async with "
         "lock:` — in the task that works under the lock and releases it; for a time limit use "
         "lock.acquire(timeout=...) or asyncio.timeout(); to let another task finish the work, "
         "acquire here and call lock.transfer(task)",
@@ -1017,8 +1038,8 @@ class LockBase:
         stop the release. The level released is chosen at the call: the innermost one whose
         release is not already on its way (a cancelled release going on in the background).
         """
-        task = _current("release", self._name, sys._getframe(0))
-        runtime, hold = self._held_by(task, "release")
+        task = _current("release", self._name, frame := sys._getframe(0))
+        runtime, hold = self._held_by(task, "release", frame)
         await self._release(runtime, hold, _innermost_unclaimed(hold))
 
     async def extend(self, lease: float | None = None) -> None:
@@ -1030,8 +1051,8 @@ class LockBase:
         :class:`LockLostError`.
         """
         length = self._lease if lease is None else check_lease(lease)
-        task = _current("extend", self._name, sys._getframe(0))
-        runtime, hold = self._held_by(task, "extend")
+        task = _current("extend", self._name, frame := sys._getframe(0))
+        runtime, hold = self._held_by(task, "extend", frame)
         # (Releases of the hold in flight are of inner levels — a hold whose last release is
         # on its way is not the task's any more: independent of the lease, not waited for.)
         self._check_live(runtime, hold, "extend")
@@ -2104,7 +2125,12 @@ class LockBase:
         runtime.keeper.discard(hold)
         hold.mark_lost(reason)
 
-    def _held_by(self, task: asyncio.Task[Any], action: str) -> tuple[Runtime, Hold]:
+    def _held_by(
+        self, task: asyncio.Task[Any], action: str, frame: FrameType | None = None
+    ) -> tuple[Runtime, Hold]:
+        """The runtime and ``task``'s hold of the lock, for ``action``; else
+        :class:`LockNotOwnedError` — which says why when the method running in ``frame`` is the
+        whole body of ``task`` (``asyncio.shield(lock.release())``: a task of its own)."""
         runtime = self._existing()
         if runtime is not None and runtime.heirs:
             _inherit(runtime, task)
@@ -2112,8 +2138,18 @@ class LockBase:
             None if runtime is None else unclaimed(runtime.holds.get((self._policy.hold_key, task)))
         )
         if runtime is None or hold is None:
+            why = ""
+            if frame is not None and _whole_body(task, frame):
+                why = (
+                    f" ({action}() is the whole body of task {task.get_name()!r}: "
+                    "asyncio.shield(), gather(), create_task() and anyio.from_thread.run() run "
+                    "a coroutine in a task of its own, and the lock is held by the task that "
+                    f"acquired it). Await lock.{action}() in that task — a release goes on "
+                    "when its caller is cancelled, it needs no shield — or hand the hold over "
+                    "first with lock.transfer(task)"
+                )
             raise LockNotOwnedError(
-                f"cannot {action} {self._name!r}: not held by this task", name=self._name
+                f"cannot {action} {self._name!r}: not held by this task{why}", name=self._name
             )
         return runtime, hold
 

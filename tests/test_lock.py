@@ -8,6 +8,7 @@ import gc
 import logging
 import math
 import secrets
+import sys
 from typing import TYPE_CHECKING, Final
 
 import pytest
@@ -28,7 +29,7 @@ from redis_locks_async import (
     ReadWriteLock,
     Semaphore,
 )
-from redis_locks_async._core import Attempt, LockBase
+from redis_locks_async._core import Attempt, LockBase, _wait_for_caller
 from redis_locks_async._lock import LockPolicy
 from redis_locks_async._validation import MAX_LEASE
 from tests import _introspect as introspect
@@ -870,6 +871,31 @@ async def assert_wait_for_hands_the_hold_up(lock: Primitive, rival: Primitive, w
         assert not await rival.acquire(blocking=False)
     assert await rival.acquire(blocking=False)  # the caller's exit released it
     await rival.release()
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="wait_for's helper task: 3.10/3.11")
+async def test_wait_for_s_caller_is_found_after_its_deadline_released_it() -> None:
+    """Regression (helper-53): on 3.10/3.11, ``wait_for(lock.__aenter__(), t)`` returned a
+    ``Lease`` already released, ~3 times in 80 when the deadline fell on the hand-over. The
+    deadline had released ``wait_for``'s waiter in the step the helper task got the lock, so
+    the waiter no longer listed the caller, the hold had no heir, and it was released as the
+    helper ended. The caller is then found suspended in ``wait_for`` (a pure unit: the state
+    is made by hand, as the deadline's callback makes it)."""
+    found: list[object] = []
+
+    async def helper_body() -> None:
+        helper = asyncio.current_task()
+        assert helper is not None
+        for entry in getattr(helper, "_callbacks", None) or ():
+            callback = entry[0] if isinstance(entry, tuple) else entry
+            if getattr(callback, "func", None) is asyncio.tasks._release_waiter:  # type: ignore[attr-defined]
+                callback(helper)  # what wait_for's deadline does: the waiter is released
+        found.append(_wait_for_caller(helper))
+        await asyncio.sleep(5)  # (cancelled by wait_for, which times out)
+
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(helper_body(), 5)
+    assert found == [asyncio.current_task()]
 
 
 async def _acquiring(lock: Lock, timeout: float) -> bool:

@@ -610,6 +610,61 @@ class TestTwoHolders:
             group.start_soon(work)
         assert await is_free(client, name)
 
+    async def test_acquire_run_by_anyio_from_thread_is_refused(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (helper-53): ``anyio.from_thread.run(lock.acquire)`` from a worker thread
+        returned ``True`` for a lock already released — anyio runs the function's coroutine in
+        a task of its own, through a wrapper that only awaits it, which ended holding the lock.
+        Refused at the call, like ``asyncio.create_task(lock.acquire())``."""
+        lock = Lock(client, name)
+
+        def in_thread() -> object:
+            return anyio.from_thread.run(lock.acquire)
+
+        with pytest.raises(LockError, match="whole body"):
+            await anyio.to_thread.run_sync(in_thread)
+        await introspect.drain(client)
+        assert await is_free(client, name)
+        assert not introspect.held_leases(client)
+
+        async def work() -> bool:  # a coroutine that works under the lock is of course fine
+            async with lock:
+                return lock.owned()
+
+        assert await anyio.to_thread.run_sync(lambda: anyio.from_thread.run(work))
+        assert await is_free(client, name)
+
+    async def test_acquire_under_wait_for_as_a_whole_task_is_refused(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Regression (helper-53): ``await asyncio.create_task(asyncio.wait_for(lock.acquire(),
+        5))`` returned ``True`` for a lock already released, on every Python: the task whose
+        body is the ``wait_for`` ends as soon as it returns (3.10/3.11 took that task for the
+        owner; on 3.12+ ``wait_for`` runs ``acquire()`` in it, its frame between the two)."""
+        lock = Lock(client, name)
+        with pytest.raises(LockError, match="whole body"):
+            await asyncio.create_task(asyncio.wait_for(lock.acquire(), 5))
+        await introspect.drain(client)
+        assert await is_free(client, name)
+        assert not introspect.held_leases(client)
+        assert await asyncio.wait_for(lock.acquire(), 5)  # awaited in the task: its hold
+        assert lock.owned() and not await is_free(client, name)
+        await lock.release()
+
+    async def test_a_release_in_a_task_of_its_own_says_why_it_is_refused(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (helper-53): ``await asyncio.shield(lock.release())`` said only "not held by
+        this task" though the caller held the lock: ``shield`` runs the release in a task of
+        its own. The message names the cause and the fix; the hold is intact."""
+        lock = Lock(client, name)
+        async with lock:
+            with pytest.raises(LockNotOwnedError, match=r"whole body of task .*transfer"):
+                await asyncio.shield(lock.release())
+            assert lock.owned()
+        assert await is_free(client, name)
+
     async def test_cancel_during_inner_release(
         self, proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
     ) -> None:

@@ -103,7 +103,8 @@ LANE_OPEN_PATIENCE: Final = 2.0
 """Seconds a lane's connection may take to connect and answer its handshake when the client
 sets no socket timeouts (else their sum, if longer): a server that accepts the connection but
 never answers (a silent network, a paused server) would keep the opener — and every call
-awaiting it — for ever, past the client's close."""
+awaiting it — for ever, past the client's close. Past it the calls go on without a lane, each
+on a connection of its own under its caller's deadline."""
 
 PIPELINE_STEP: Final = 100
 """Commands packed, and replies read, per event-loop step in :func:`run_pipeline`."""
@@ -418,8 +419,20 @@ def drop_stale_connections(pool: Any) -> None:
     """Forget the idle connections of ``pool`` opened under another event loop (a client used
     under one ``asyncio.run`` after another; :func:`forget_foreign`): redis-py's own paths — a
     pipeline — would send on one and fail with "attached to a different loop" or "Event loop
-    is closed", and release it to the pool to fail again. Each opens anew on its next use."""
+    is closed", and release it to the pool to fail again. Each opens anew on its next use.
+
+    A lane left open by a loop that has closed since (the run ended within the lane's idle
+    time) gives its connection back too: it stayed in use, a connection short for the
+    application while the library's calls found idle ones (helper-52: ``MaxConnectionsError``
+    on a pool of three, and ``aclose()`` raising "Event loop is closed")."""
     loop = asyncio.get_running_loop()
+    fast = getattr(pool, _FAST, None)
+    lane = fast.lane if isinstance(fast, FastPool) else None
+    if fast is not None and lane is not None and lane.loop is not loop and lane.loop.is_closed():
+        fast.lane = None
+        forget_foreign(lane.conn, loop)
+        pool._in_use_connections.discard(lane.conn)
+        pool._available_connections.append(lane.conn)
     for conn in list(getattr(pool, "_available_connections", ())):
         forget_foreign(conn, loop)
 
@@ -711,16 +724,20 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
     try:
         forget_foreign(conn, loop)
         if not conn.is_connected:
-            patience = _open_patience(pool)
             try:
                 await asyncio.wait_for(
                     conn.connect_check_health(check_health=True, retry_socket_connect=False),
-                    patience,
+                    _open_patience(pool),
                 )
-            except asyncio.TimeoutError as exc:
-                raise RedisTimeoutError(
-                    f"a new connection did not answer its handshake within {patience:g} s"
-                ) from exc
+            except asyncio.TimeoutError:
+                # No lane now: the call takes a connection of its own (the pool's
+                # get_connection(), which waits a stalled server out like redis-py does,
+                # bounded by the caller's own deadline) — failing it would cut a caller's
+                # timeout short at this bound (helper-52: a 3 s DEBUG SLEEP failed a fresh
+                # acquire(timeout=10)). The opener itself ends here, its half-open
+                # connection dropped.
+                await drop_connection(conn, nowait=True)
+                raise _NoLane from None
         if not lane_capable(conn):
             raise _NoLane  # (this connection: the call takes it as a connection of its own)
         try:

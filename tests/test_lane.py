@@ -20,11 +20,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redis_locks_async import Lock, LockError
 from redis_locks_async._lane import IDLE, STALL, Lane
-from redis_locks_async._wire import FastPool, fast_pool, run_script
+from redis_locks_async._wire import LANE_OPEN_PATIENCE, FastPool, fast_pool, run_script
 from tests import _introspect as introspect
 
 from .conftest import Connect
 from .faultproxy import FaultProxy
+from .servers import ServerFactory
 from .test_lock_faults import HoldingTask, equals, subscribers, until
 
 ECHO = "return ARGV[1]"
@@ -255,6 +256,67 @@ def test_a_client_used_under_one_event_loop_after_another(redis_url: str, name: 
         assert first.conn not in pool._in_use_connections
         del first
         gc.collect()
+
+
+def test_a_lane_left_open_by_an_ended_run_gives_its_connection_back(
+    redis_url: str, name: str
+) -> None:
+    """Regression (helper-52): a lane still open when its ``asyncio.run`` ended (within its
+    idle time) kept its connection *in use* through the next run, for as long as the library's
+    calls there found idle connections and never asked for a lane — a pool of three was one
+    short: the application's ``SET`` failed with ``MaxConnectionsError``, and ``aclose()``
+    raised "Event loop is closed". The first lock used on the new loop gives it back."""
+    client = aioredis.Redis.from_url(redis_url, max_connections=3)
+    pool: Any = client.connection_pool
+
+    async def burst() -> None:
+        await client.set(f"{name}:app", 1)  # (one idle connection, besides the lane)
+        await asyncio.gather(*(_hold(Lock(client, f"{name}:{i}")) for i in range(20)))
+
+    async def one_at_a_time() -> None:
+        try:
+            await _hold(Lock(client, f"{name}:alone"))  # on the idle connection
+            assert not pool._in_use_connections, "the ended run's lane still holds one"
+            subscribers = [client.pubsub() for _ in range(2)]
+            for pubsub in subscribers:
+                await pubsub.subscribe(f"{name}:channel")
+            assert await client.set(f"{name}:app", 2)  # the pool's third connection
+            for pubsub in subscribers:
+                await pubsub.aclose()
+        finally:
+            await client.aclose()  # on the loop that used it last: no "Event loop is closed"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # (see the test above)
+        asyncio.run(burst())
+        assert pool._in_use_connections, "no lane was left open: the test proves nothing"
+        asyncio.run(one_at_a_time())
+        gc.collect()
+
+
+async def test_a_server_stalled_past_the_lane_s_patience_is_waited_out(
+    server_factory: ServerFactory, name: str
+) -> None:
+    """Regression (helper-52, of the bound put on a lane's opening): a fresh client's first
+    call opens a lane; a server stalled for longer than :data:`LANE_OPEN_PATIENCE` (a
+    ``CLIENT PAUSE``, a slow fork) failed ``acquire(timeout=10)`` at that bound with "a new
+    connection did not answer its handshake within 2 s" — on clients built ``from_url``, whose
+    ``Retry`` makes no retries. The call now goes on without a lane and gets the lock once the
+    server answers, within its timeout."""
+    server = server_factory()
+    admin = aioredis.Redis.from_url(server.url)
+    client = aioredis.Redis.from_url(server.url)
+    try:
+        await admin.execute_command("CLIENT", "PAUSE", int((LANE_OPEN_PATIENCE + 1) * 1000), "ALL")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        lock = Lock(client, name, auto_renew=False)
+        assert await lock.acquire(timeout=10)
+        assert loop.time() - started >= LANE_OPEN_PATIENCE
+        await lock.release()
+    finally:
+        await client.aclose()
+        await admin.aclose()
 
 
 async def _hold(lock: Lock) -> None:

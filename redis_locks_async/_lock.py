@@ -76,11 +76,14 @@ class HashLockPolicy(Policy):
         pipe.type(key)
         pipe.hget(key, "owner")
         kind, owner = await pipe.execute(raise_on_error=False)
+        for reply in (kind, owner):
+            if isinstance(reply, BaseException):
+                # The server's refusal (CLUSTERDOWN, LOADING, NOPERM…), as it is: not taken for
+                # a key of another type (helper-55: "wrong type" while a cluster was down).
+                raise reply
         text = kind.decode() if isinstance(kind, bytes) else str(kind)
         if text not in ("none", "hash"):
             raise ResponseError("WRONGTYPE the lock's key holds a value of another type")
-        if isinstance(owner, BaseException):
-            raise owner
         if text == "hash" and owner is None:
             raise wrong_type_error(name, "inspect", key)
         return text == "hash"

@@ -333,3 +333,31 @@ class TestKeptFromTheNextIteration:
         assert len(keeper) == 1
         await lock.release()
         assert len(keeper) == 0
+
+
+class TestSilentConnection:
+    @pytest.mark.parametrize("socket_timeout", [None, "default"])
+    async def test_a_renewal_on_a_silent_connection_is_retried_on_another(
+        self, fault_proxy: FaultProxy, name: str, socket_timeout: str | None
+    ) -> None:
+        """Regression (helper-54): a renewal round on a pooled connection gone silent (half-open:
+        a NAT or a proxy dropped it, no RST) was given until the lease's end, and the lease was
+        lost there — with ``socket_timeout=None``, or a ``socket_timeout`` longer than what
+        was left of the lease (redis-py 8's 5 s against a 3 s lease) — though a new connection
+        would have worked. A round gets half the time left; the next one, on another
+        connection, renews the lease."""
+        kwargs: dict[str, Any] = {} if socket_timeout == "default" else {"socket_timeout": None}
+        client = aioredis.Redis.from_url(fault_proxy.url, **kwargs)
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=3.0, on_lost=lost.append)
+        try:
+            async with lock:
+                await asyncio.sleep(0.5)  # the acquisition's connection is idle in the pool
+                assert fault_proxy.blackhole_where(b"evalsha") >= 1
+                await asyncio.sleep(4.0)  # past the lease: renewed on another connection
+                assert not lost and lock.owned()
+                lease = lock.current_lease
+                assert lease is not None and lease.remaining() > 0
+        finally:
+            fault_proxy.heal()
+            await client.aclose()

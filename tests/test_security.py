@@ -325,6 +325,25 @@ class TestAcl:
         finally:
             await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
 
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock"])  # (they inspect with TYPE)
+    async def test_locked_refused_by_the_server_says_why_not_wrong_type(
+        self, connect: Connect, client: aioredis.Redis, server: ServerProcess, kind: str
+    ) -> None:
+        """Regression (helper-55): ``locked()`` took a server's refusal of its ``TYPE`` (a
+        cluster down, a server loading, an ACL without it) for a key of another type, and
+        said "a key of the lock holds a value of the wrong type". It says the server's
+        error."""
+        user, prefix = f"notype-{secrets.token_hex(4)}", f"app{secrets.token_hex(3)}:"
+        await set_user(client, user, [*acl_rules(prefix), "-type"])
+        try:
+            lock = PRIMITIVES[kind](connect(_user_url(server, user)), f"{prefix}x")
+            with pytest.raises(LockError, match="permission") as caught:
+                await lock.locked()
+            assert "wrong type" not in str(caught.value)
+            assert lock.name in str(caught.value)
+        finally:
+            await client.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+
     async def test_user_without_the_channel_pattern_gets_lock_error_when_waiting(
         self, connect: Connect, client: aioredis.Redis, server: ServerProcess
     ) -> None:

@@ -282,7 +282,7 @@ def test_a_lane_left_open_by_an_ended_run_gives_its_connection_back(
                 await pubsub.subscribe(f"{name}:channel")
             assert await client.set(f"{name}:app", 2)  # the pool's third connection
             for pubsub in subscribers:
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
         finally:
             await client.aclose()  # on the loop that used it last: no "Event loop is closed"
 
@@ -307,7 +307,8 @@ async def test_a_server_stalled_past_the_lane_s_patience_is_waited_out(
     admin = aioredis.Redis.from_url(server.url)
     client = aioredis.Redis.from_url(server.url)
     try:
-        await admin.execute_command("CLIENT", "PAUSE", int((LANE_OPEN_PATIENCE + 1) * 1000), "ALL")
+        pause_ms = int((LANE_OPEN_PATIENCE + 1) * 1000)
+        await admin.execute_command("CLIENT", "PAUSE", pause_ms, "ALL")  # type: ignore[no-untyped-call]
         loop = asyncio.get_running_loop()
         started = loop.time()
         lock = Lock(client, name, auto_renew=False)

@@ -108,6 +108,11 @@ RELEASE_PATIENCE: Final = 1.0  # seconds a release waits for an answer, at least
 # NAT or a proxy dropped it — under a client without a socket_timeout would hold the waiter for
 # ever, the lock free meanwhile). Also the first attempt's bound on such a client.
 ATTEMPT_PATIENCE: Final = 5.0
+# Seconds a waiter's first attempt waits for its channel's subscription to be confirmed before
+# it attempts without it, its timers the fallback (a pub/sub path that hangs while commands
+# pass). Over the hub's own bound on an unconfirmed subscription (PING_TIMEOUT, 2 s: it
+# reconnects then), so that one reconnection may still bring it in time.
+SUBSCRIBE_PATIENCE: Final = 3.0
 # What "no reply within TRY_BOUND" may mean (a refused connection is retried by redis-py's Retry
 # for longer than the bound, so its error never reaches the caller).
 _NO_REPLY: Final = " (unreachable, paused, or its connection failing under the client's Retry)"
@@ -1758,8 +1763,20 @@ class LockBase:
                     # a release after it is heard. (Later ones do not wait for a re-subscription
                     # after a reconnection: their timers are the fallback meanwhile — unless
                     # the server refused it: a waiter does not wait deaf, it fails with why.)
-                    if not await hub.subscribed(channel, deadline):
-                        return False
+                    patience = _earlier(loop.time() + SUBSCRIBE_PATIENCE, deadline)
+                    if not await hub.subscribed(channel, patience):
+                        if patience == deadline:
+                            return False
+                        # Unconfirmed for that long (a pub/sub path that hangs while commands
+                        # pass: the hub reconnects meanwhile): attempt all the same, deaf — the
+                        # re-check at the holder's lease end is the fallback (helper-57: a free
+                        # lock left untaken until the timeout, or for ever without one).
+                        logger.warning(
+                            "waiting for %r: its channel's subscription is unconfirmed after "
+                            "%g s; attempting without it (re-checks at the holder's lease end)",
+                            self._name,
+                            SUBSCRIBE_PATIENCE,
+                        )
                     homed = hub
                     self._check_open(runtime)
                 ahead = lot.turn_to_register(waiter) if ordered else None

@@ -15,7 +15,9 @@ under test and a real server and steer faults from the test body:
   (what makes a retrying client such as ``Redis(host=…)`` send the command again);
 - :meth:`FaultProxy.blackhole_where` / :meth:`FaultProxy.reset_where` act only on the connections
   whose client sent some bytes (e.g. ``b"SUBSCRIBE"``: the pub/sub connection), for a silently dead
-  (half-open) connection or a targeted reset;
+  (half-open) connection or a targeted reset; :meth:`FaultProxy.blackhole_sending` does it to
+  every connection that sends them, also one opened later (a path that hangs for one kind of
+  command while the others pass);
 - :meth:`FaultProxy.heal` lifts delay, hold and blackhole (proxy-wide and per connection).
 
 One proxy serves any number of connections; each gets its own upstream connection. Faults are
@@ -121,6 +123,7 @@ class FaultProxy:
     """
 
     __slots__ = (
+        "_blackhole_on",
         "_blackholed",
         "_bytes_down",
         "_bytes_dropped_down",
@@ -150,6 +153,7 @@ class FaultProxy:
         self._connections: set[_Connection] = set()
         self._delay = 0.0
         self._blackholed = False
+        self._blackhole_on: tuple[bytes, ...] = ()  # blackhole_sending's needles
         self._released: asyncio.Event | None = None
         self._changed: asyncio.Condition | None = None
         self._connections_total = 0
@@ -286,6 +290,12 @@ class FaultProxy:
             conn.blackholed = True
         return len(hit)
 
+    def blackhole_sending(self, needle: bytes) -> None:
+        """From now until :meth:`heal`, every connection — open or opened later — goes silent
+        both ways (as :meth:`blackhole_where`) once it sends ``needle``, from that write on
+        (a path that hangs for one kind of command while the others pass)."""
+        self._blackhole_on = (*self._blackhole_on, needle.lower())
+
     def reset_where(self, needle: bytes) -> int:
         """Abort with a TCP RST the open connections that sent ``needle``; returns how many."""
         hit = self._where(needle)
@@ -302,6 +312,7 @@ class FaultProxy:
         """Lift delay, hold and blackhole; held replies are delivered."""
         self._delay = 0.0
         self._blackholed = False
+        self._blackhole_on = ()
         for conn in self._connections:
             conn.blackholed = False
         if self._released is not None:
@@ -434,6 +445,8 @@ class FaultProxy:
             while data := await reader.read(_CHUNK):
                 if len(conn.sent) < _SENT_LOG:
                     conn.sent += data[: _SENT_LOG - len(conn.sent)].lower()
+                if any(needle in conn.sent for needle in self._blackhole_on):
+                    conn.blackholed = True
                 if self._blackholed or conn.blackholed:
                     self._bytes_dropped_up += len(data)
                     continue

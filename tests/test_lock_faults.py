@@ -965,6 +965,41 @@ class TestPubSubKilled:
         assert not await client.exists(name)
 
 
+    @pytest.mark.parametrize("kind", [Lock, FairLock])
+    async def test_a_subscription_never_confirmed_does_not_keep_a_waiter_from_a_free_lock(
+        self,
+        proxied: aioredis.Redis,
+        fault_proxy: FaultProxy,
+        holder: aioredis.Redis,
+        name: str,
+        kind: type[Lock],
+    ) -> None:
+        """Regression (helper-57): a pub/sub path that hangs while commands pass (every
+        connection that sends SUBSCRIBE goes silent, the hub's reconnections too) kept a
+        waiter's first attempt waiting for the confirmation until its timeout — a lock
+        released a second into the wait stayed untaken for the whole timeout, and for ever
+        without one. The attempt goes ahead without the subscription after
+        ``SUBSCRIBE_PATIENCE``, its timers the fallback."""
+        held = kind(holder, name, lease=5.0)
+        assert await held.acquire()
+        fault_proxy.blackhole_sending(b"subscribe")
+        waiter = kind(proxied, name)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def wait_then_release() -> float:
+            assert await waiter.acquire(timeout=20)
+            took = loop.time() - started
+            await waiter.release()
+            return took
+
+        waiting = asyncio.ensure_future(wait_then_release())
+        await asyncio.sleep(1.0)
+        await held.release()
+        assert await asyncio.wait_for(waiting, 10) < _core.SUBSCRIBE_PATIENCE + 1.0
+        fault_proxy.heal()
+
+
 # --------------------------------------------------------------------------------------------
 # 3. Holder processes: SIGKILL, and exclusion across processes (S1, S2)
 # --------------------------------------------------------------------------------------------

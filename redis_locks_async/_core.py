@@ -480,9 +480,15 @@ def _whole_body(task: asyncio.Task[Any], frame: FrameType | None) -> bool:
     body: FrameType | None = getattr(task.get_coro(), "cr_frame", None)
     if body is frame:
         return True
-    if frame is None or body is None or frame.f_back is not body:
+    if frame is None or body is None:
         return False
-    return body.f_code in _pass_through_codes()
+    codes = _pass_through_codes()
+    above = frame.f_back  # (wrappers nest: wait_for(wait_for(lock.acquire(), t), u))
+    while above is not None and above.f_code in codes:
+        if above is body:
+            return True
+        above = above.f_back
+    return False
 
 
 def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
@@ -491,10 +497,14 @@ def _owner_task(name: str, frame: FrameType | None) -> asyncio.Task[Any]:
     if not _whole_body(task, frame):
         return task
     waiting = _awaiting_wait_for(task)
-    if waiting is not None:
+    while waiting is not None:
         if getattr(waiting.get_coro(), "cr_code", None) is not _WAIT_FOR_CODE:
             return waiting
-        task = waiting  # create_task(wait_for(lock.acquire())): it too ends with acquire()
+        # A task whose whole body is a wait_for (a helper of an outer wait_for, nested:
+        # wait_for(wait_for(lock.acquire(), t), u)): the task awaiting it, if any — else it
+        # ends with acquire() too (create_task(wait_for(lock.acquire(), t))).
+        task = waiting
+        waiting = _awaiting_wait_for(task)
     raise LockError(
         f"cannot acquire {name!r}: acquire() is the whole body of task {task.get_name()!r}, "
         "which ends as soon as acquire() returns, so nothing could hold the lock (the lock is "

@@ -898,6 +898,24 @@ async def test_wait_for_s_caller_is_found_after_its_deadline_released_it() -> No
     assert found == [asyncio.current_task()]
 
 
+async def test_nested_wait_for_around_acquire_is_the_caller_s(
+    client: aioredis.Redis, name: str
+) -> None:
+    """Regression (helper-58, of this stop's refusal of ``create_task(wait_for(lock.acquire(),
+    t))``): on 3.10/3.11, ``wait_for(wait_for(lock.acquire(), 5), 10)`` — an overall deadline
+    around a per-try one — was refused ("whole body of task"): the inner ``wait_for``'s helper
+    task, awaited by the outer one's, was taken for a task of its own. The caller holds the
+    lock; the same nesting as a task's whole body is still refused, on every Python."""
+    lock = Lock(client, name)
+    assert await asyncio.wait_for(asyncio.wait_for(lock.acquire(), 5), 10)
+    await asyncio.sleep(0.05)  # (the helper tasks, if any, have ended)
+    assert lock.owned() and await lock.locked()
+    await lock.release()
+    with pytest.raises(LockError, match="whole body"):
+        await asyncio.create_task(asyncio.wait_for(asyncio.wait_for(lock.acquire(), 5), 10))
+    assert not await lock.locked()
+
+
 async def _acquiring(lock: Lock, timeout: float) -> bool:
     return await lock.acquire(timeout=timeout)
 

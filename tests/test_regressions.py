@@ -171,6 +171,14 @@ async def is_free(inspector: aioredis.Redis, name: str) -> bool:
     return not await inspector.exists(name)
 
 
+async def assert_nothing_held(client: aioredis.Redis, name: str) -> None:
+    """Once ``client``'s clean-ups ran: the lock ``name`` is free on the server, and nothing of
+    the client's holds it here (a refused acquisition leaves no trace)."""
+    await introspect.drain(client)
+    assert await is_free(client, name)
+    assert not introspect.held_leases(client)
+
+
 async def lose_reply_of(proxy: FaultProxy, ran: Callable[[], Awaitable[bool]]) -> None:
     """With replies held: once ``ran()`` shows the command executed on the server and its reply
     reached the proxy, drop that reply with a RST (a retrying client sends the command again);
@@ -577,9 +585,7 @@ class TestTwoHolders:
         lock = Lock(client, name)
         with pytest.raises(LockError):
             await asyncio.create_task(lock.acquire())
-        await introspect.drain(client)
-        assert await is_free(client, name)
-        assert not introspect.held_leases(client)
+        await assert_nothing_held(client, name)
 
     async def test_acquire_as_the_whole_of_an_anyio_task_is_refused(
         self, client: aioredis.Redis, name: str
@@ -598,9 +604,7 @@ class TestTwoHolders:
         assert caught is not None, "not refused"
         inner = getattr(caught, "exceptions", (caught,))
         assert any(isinstance(exc, LockError) for exc in inner), repr(caught)
-        await introspect.drain(client)
-        assert await is_free(client, name)
-        assert not introspect.held_leases(client)
+        await assert_nothing_held(client, name)
 
         async def work() -> None:  # a task that works under the lock is of course fine
             async with lock:
@@ -624,9 +628,7 @@ class TestTwoHolders:
 
         with pytest.raises(LockError, match="whole body"):
             await anyio.to_thread.run_sync(in_thread)
-        await introspect.drain(client)
-        assert await is_free(client, name)
-        assert not introspect.held_leases(client)
+        await assert_nothing_held(client, name)
 
         async def work() -> bool:  # a coroutine that works under the lock is of course fine
             async with lock:
@@ -645,9 +647,7 @@ class TestTwoHolders:
         lock = Lock(client, name)
         with pytest.raises(LockError, match="whole body"):
             await asyncio.create_task(asyncio.wait_for(lock.acquire(), 5))
-        await introspect.drain(client)
-        assert await is_free(client, name)
-        assert not introspect.held_leases(client)
+        await assert_nothing_held(client, name)
         assert await asyncio.wait_for(lock.acquire(), 5)  # awaited in the task: its hold
         assert lock.owned() and not await is_free(client, name)
         await lock.release()

@@ -77,7 +77,7 @@ from ._keys import LockKeys
 from ._lease import Hold, HoldState, Lease, LostCallback, Snapshot, unclaimed
 from ._owners import new_owner_id
 from ._parking import Granted, News, ParkingLot, Waiter
-from ._runtime import Runtime, existing_runtime, runtime_for
+from ._runtime import Runtime, existing_runtime, observed_runtime, runtime_for
 from ._scripts import Call, explain, ints, wrong_type_error
 from ._validation import check_lease, check_name, check_replicas, check_timeout, to_ms
 from ._wire import recent_failure
@@ -792,14 +792,13 @@ class LockBase:
     def statistics(self) -> LockStatistics:
         """A snapshot of what this lock object saw in this process (no I/O)."""
         counters = self._counters
-        try:
-            runtime = self._existing()
-        except RuntimeError:  # no running loop
-            runtime = None
+        runtime = observed_runtime(self._redis)
         held = 0
         if runtime is not None:
             key = self._policy.hold_key
-            held = sum(1 for (k, _), hold in runtime.holds.items() if k == key and hold.live)
+            # (list(): one step under the GIL, also when called from another thread)
+            holds = list(runtime.holds.items())
+            held = sum(1 for (k, _), hold in holds if k == key and hold.live)
         return LockStatistics(
             name=self._name,
             acquisitions=counters.acquisitions,
@@ -809,7 +808,7 @@ class LockBase:
             timeouts=counters.timeouts,
             lost=counters.lost,
             wait_time=counters.waited,
-            waiting=self._local_waiters(),
+            waiting=self._local_waiters(runtime),
             held=held,
         )
 
@@ -856,11 +855,7 @@ class LockBase:
             _inherit(runtime, task)
         return unclaimed(runtime.holds.get((self._policy.hold_key, task)))
 
-    def _local_waiters(self) -> int:
-        try:
-            runtime = self._existing()
-        except RuntimeError:  # no running loop
-            return 0
+    def _local_waiters(self, runtime: Runtime | None) -> int:
         if runtime is None:
             return 0
         channel = self._policy.keys.channel
@@ -1304,7 +1299,7 @@ class LockBase:
             state = "?"
         return (
             f"<{type(self).__name__} {self._name!r} lease={self._lease}s state={state} "
-            f"waiters={self._local_waiters()}>"
+            f"waiters={self._local_waiters(observed_runtime(self._redis))}>"
         )
 
     # -- commands ----------------------------------------------------------------------------

@@ -52,6 +52,7 @@ __all__ = (
     "Topology",
     "close_with",
     "existing_runtime",
+    "observed_runtime",
     "pipelined",
     "runtime_for",
     "topology_for",
@@ -688,6 +689,20 @@ def existing_runtime(client: Any) -> Runtime | None:
     except RuntimeError:
         return None
     return runtime if runtime is not None and runtime.loop is loop else None
+
+
+def observed_runtime(client: Any) -> Runtime | None:
+    """The runtime a local snapshot (``statistics()``) reports on: ``client``'s on the running
+    loop; called from a thread with no running loop (a metrics collector's), ``client``'s on
+    the loop it serves, while that loop is open. (Only read, never changed, from there.)"""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        runtime = _RUNTIMES.get(client)
+        if runtime is None or runtime.closed or runtime.loop.is_closed():
+            return None
+        return runtime
+    return existing_runtime(client)
 
 
 _ALSO_CLOSE: weakref.WeakKeyDictionary[Any, list[Callable[[], Coroutine[Any, Any, None]]]] = (

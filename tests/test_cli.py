@@ -9,6 +9,7 @@ counts, registered waiters). Argument errors are checked in-process through ``ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from redis_locks_async import (
     FairLock,
     Lease,
     Lock,
+    LockError,
     LockLostError,
     ReadWriteLock,
     Semaphore,
@@ -442,6 +444,55 @@ class TestForceUnlock:
         foreign = await cli(redis_url, "force-unlock", name, "--yes")
         assert foreign.code == 2, foreign
         assert await client.get(name) == b"data"
+
+
+class TestNamesThatAreNotPrintable:
+    async def test_a_newline_in_a_name_forges_no_row_and_the_name_can_be_confirmed(
+        self, client: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        """Bug (helper-64): names were printed as they are, so a held lock named
+        ``"x\\nlock  1  29.999 s  orders:42"`` (names are often built from user input) showed
+        ``list`` a row for ``orders:42``, which nobody held, and ``inspect`` a second holder
+        line; and a name with a newline could not be confirmed at ``force-unlock``'s prompt
+        (``readline`` stops at the newline). Such names are shown — and typed — as string
+        literals now."""
+        forged = f"{name}\nlock        1    29.999 s  {name}:forged\x1b[2K\r"
+        lock = Lock(client, forged, lease=HOLD_LEASE)
+        lease = await _hold(lock)
+        try:
+            listed = await cli(redis_url, "list", f"{name}*")
+            assert listed.code == 0, listed
+            rows = listed.out.splitlines()
+            assert len(rows) == 2, listed  # the header and one row
+            assert rows[1].endswith(repr(forged)), listed
+            assert "\x1b" not in listed.out and "\r" not in listed.out, listed
+
+            inspected = await cli(redis_url, "inspect", forged)
+            assert inspected.code == 0, inspected
+            assert re.search(r"^name\s+" + re.escape(repr(forged)) + "$", inspected.out, re.M)
+            assert [row.split()[0] for row in inspected.out.splitlines()] == [
+                "name",
+                "kind",
+                "state",
+                "holder",
+                "waiters",
+                "fence",
+            ], inspected
+
+            typed_raw = await cli(redis_url, "force-unlock", forged, stdin=f"{forged}\n")
+            assert typed_raw.code == 2, typed_raw  # (a line of it is not the name)
+            assert await introspect.owner_in_redis(client, forged) == introspect.lease_owner_id(
+                lease
+            )
+            typed = await cli(redis_url, "force-unlock", forged, stdin=f"{forged!r}\n")
+            assert typed.code == 0, typed
+            assert "quotes and escapes included" in typed.out, typed
+            assert not await client.exists(forged)
+            with pytest.raises(LockLostError):
+                await lock.release()
+        finally:
+            with contextlib.suppress(LockError):
+                await lock.release()
 
 
 class TestArguments:

@@ -165,6 +165,33 @@ class TestStatistics:
         finally:
             await holder.release()
 
+    async def test_a_thread_without_a_loop_sees_what_the_loop_sees(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (helper-64): from a thread other than the loop's — a metrics collector's scrape —
+        ``statistics()`` said ``held=0`` and ``waiting=0`` while the lock was held and tasks
+        waited for it (it looked for the client's runtime on the calling thread's loop)."""
+        lock = Lock(client, name)
+        assert await lock.acquire()
+
+        async def wait() -> None:
+            if await lock.acquire(timeout=10):
+                await lock.release()
+
+        waiters = [asyncio.create_task(wait()) for _ in range(2)]
+        try:
+            for _ in range(500):
+                if lock.statistics().waiting == 2:
+                    break
+                await asyncio.sleep(0.01)
+            on_loop = lock.statistics()
+            off_loop = await asyncio.to_thread(lock.statistics)
+            assert (on_loop.held, on_loop.waiting) == (1, 2)
+            assert off_loop == on_loop
+        finally:
+            await lock.release()
+            await asyncio.gather(*waiters)
+
 
 class TestOwnership:
     @pytest.mark.parametrize("guarded", [False, True], ids=["with", "guarded"])

@@ -33,6 +33,7 @@ from ._inspect import (
     read_view,
     render_view,
     run_command,
+    shown,
 )
 
 __all__ = ("FORCE_UNLOCK", "force_unlock", "run_force_unlock")
@@ -70,13 +71,17 @@ async def force_unlock(
 
 
 def _confirmed(name: str) -> bool:
-    print(f"Type the lock's name ({name}) to force-unlock it: ", end="", flush=True)
+    """Whether the operator typed the lock's name — as it is shown (a name that cannot be
+    typed on one line, one with a newline say, is shown and typed as a string literal)."""
+    as_shown = shown(name)
+    how = "" if as_shown == name else ", as shown here, quotes and escapes included"
+    print(f"Type the lock's name ({as_shown}{how}) to force-unlock it: ", end="", flush=True)
     try:
         answer = sys.stdin.readline()
     except KeyboardInterrupt:
         print()
         return False
-    return answer.rstrip("\r\n") == name
+    return answer.rstrip("\r\n") in (name, as_shown)
 
 
 def run_force_unlock(args: argparse.Namespace) -> int:
@@ -103,7 +108,7 @@ def run_force_unlock(args: argparse.Namespace) -> int:
             print(f"{args.name!r} was no longer held: nothing removed", file=sys.stderr)
             return EXIT_NOTHING
         for owner, token in removed:
-            print(f"removed hold of {owner} (token {token})")
+            print(f"removed hold of {shown(owner)} (token {token})")
         print(
             f"force-unlocked {args.name!r}: {len(removed)} hold{'s' if len(removed) != 1 else ''} "
             f"removed; waiters notified on {LockKeys.for_name(args.name, view.kind).channel}"

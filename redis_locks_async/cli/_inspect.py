@@ -480,6 +480,15 @@ async def read_view(client: aioredis.Redis, name: str, kind: str | None = None) 
 # --------------------------------------------------------------------------------------------
 
 
+def shown(text: str) -> str:
+    """``text`` (a lock name, an owner read from the server) as a line of output may show it:
+    as it is when every character is printable, else as a Python string literal — a name
+    with a newline, a carriage return or an escape sequence (names are often built from user
+    input) would otherwise forge rows of ``list`` or lines of ``inspect``, or drive the
+    operator's terminal."""
+    return text if text.isprintable() else repr(text)
+
+
 def seconds(ms: int | None) -> str:
     """A lease or an age for people: "29.512 s", "no expiry"."""
     return "no expiry" if ms is None else f"{ms / 1000:.3f} s"
@@ -492,14 +501,13 @@ def _holder_line(holder: Holder) -> str:
     if holder.side != "permit":  # a permit is never re-entered
         plural = "y" if reentries == 1 else "ies"
         holds = f"  holds {holder.holds} ({reentries} re-entr{plural})"
-    return (
-        f"{side}{holder.owner}  token {holder.token}{holds}  lease left {seconds(holder.lease_ms)}"
-    )
+    left = seconds(holder.lease_ms)
+    return f"{side}{shown(holder.owner)}  token {holder.token}{holds}  lease left {left}"
 
 
 def render_view(view: LockView, verbose: bool, out: TextIO) -> None:
     """``inspect``'s human-readable report."""
-    rows: list[tuple[str, str]] = [("name", view.name)]
+    rows: list[tuple[str, str]] = [("name", shown(view.name))]
     if view.kind is None:
         rows.append(("state", "free (no key of any kind of lock in Redis)"))
     else:
@@ -517,11 +525,9 @@ def render_view(view: LockView, verbose: bool, out: TextIO) -> None:
             for waiter in view.waiters:
                 role = f"{waiter.role} " if waiter.role else ""
                 status = "" if waiter.live else "  (expired)"
+                age = seconds(waiter.age_ms)
                 rows.append(
-                    (
-                        "waiter",
-                        f"{role}{waiter.owner}  registered {seconds(waiter.age_ms)} ago{status}",
-                    )
+                    ("waiter", f"{role}{shown(waiter.owner)}  registered {age} ago{status}")
                 )
         rows.append(("fence", "none recorded" if view.fence is None else str(view.fence)))
     width = max(len(label) for label, _ in rows)
@@ -636,7 +642,7 @@ def render_list(views: Sequence[LockView], out: TextIO) -> None:
         holders = str(len(view.holders))
         if view.kind == "sem" and view.permits is not None:
             holders += f"/{view.permits}"
-        rows.append((view.kind or "", holders, seconds(view.lease_ms), view.name))
+        rows.append((view.kind or "", holders, seconds(view.lease_ms), shown(view.name)))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         out.write(

@@ -99,6 +99,9 @@ TRY_BOUND: Final = 1.0  # seconds a single attempt (blocking=False) waits for it
 ORPHAN_RECHECK: Final = 1.0
 _TIMER_SLACK: Final = 0.001  # seconds a loop timer may fire before its time (clock resolution)
 REPLICA_WAIT_FLOOR: Final = 0.05  # seconds a replica sync may wait past the caller's deadline
+# Seconds a WAIT's reply may come after its timeout: the server ends a blocked WAIT on its
+# timer (every 100 ms at the default hz 10), and the reply has a round trip to make.
+REPLICA_REPLY_SLACK: Final = 0.15
 # Seconds a waiter that gives up waits for its clean-up: a round trip on a healthy server;
 # when the server stopped answering mid-wait, this is how late a timeout returns (was 0.5 s).
 CLEANUP_GRACE: Final = 0.1
@@ -346,8 +349,9 @@ class _Expired(Exception):
 
 
 class _Unanswered(Exception):
-    """A waiter's attempt had no reply within ATTEMPT_PATIENCE: wait on as a new owner
-    (``arrival_us``: the server's time of the registration given up, 0 if none)."""
+    """A waiter's attempt had no reply within ATTEMPT_PATIENCE, or one that came after the
+    lease it gave had ended (given up, see ``_adopt``): wait on as a new owner (``arrival_us``:
+    the server's time of the registration given up, 0 if none)."""
 
     def __init__(self, arrival_us: int) -> None:
         super().__init__(arrival_us)
@@ -866,8 +870,14 @@ class LockBase:
     async def locked(self) -> bool:
         """Whether anyone holds the lock, as the server sees it now. Bounded like a single
         attempt: no answer within a second (a paused server, a partition) is a
-        :class:`LockError`."""
+        :class:`LockError`. On a client closed on this loop, :class:`LockError` too (it would
+        open a connection the closed client no longer tracks; helper-65)."""
         asyncio_task("inspect", self._name)
+        runtime = self._existing()
+        if runtime is not None and runtime.closed:
+            raise LockError(
+                f"cannot inspect {self._name!r}: the redis client was closed", name=self._name
+            )
         try:
             return await asyncio.wait_for(self._policy.locked(self._redis), TRY_BOUND)
         except asyncio.TimeoutError as exc:
@@ -965,6 +975,17 @@ class LockBase:
         if deadline is not None:
             timeout = min(timeout, max(REPLICA_WAIT_FLOOR, deadline - loop.time()))
         ends = loop.time() + timeout
+        # Under a caller's deadline the reply is awaited only REPLICA_REPLY_SLACK past the
+        # WAIT's end, and a give-up after it at most CLEANUP_GRACE more (a server that goes
+        # silent during the WAIT, a partition: the caller's bound holds; helper-59). Without
+        # one, each RELEASE_PATIENCE.
+        slack = RELEASE_PATIENCE if deadline is None else REPLICA_REPLY_SLACK
+
+        def settle_patience() -> float | None:
+            if deadline is None:
+                return None
+            return max(CLEANUP_GRACE, ends + slack - loop.time())
+
         call = self._policy.renew(hold.owner, hold.lease, runtime.topology.sharded)
         waits = ("WAITAOF", 0, wanted) if self._replica_fsync else ("WAIT", wanted)
         problem = ""
@@ -978,12 +999,13 @@ class LockBase:
                 pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
                 pipe.execute_command(*waits, to_ms(left))
                 renewed, acked = await asyncio.wait_for(
-                    pipe.execute(raise_on_error=False), left + RELEASE_PATIENCE
+                    pipe.execute(raise_on_error=False), left + slack
                 )
                 if not isinstance(renewed, NoScriptError):
                     break
                 await asyncio.wait_for(
-                    runtime.topology.client.script_load(call.script.code), RELEASE_PATIENCE
+                    runtime.topology.client.script_load(call.script.code),
+                    max(0.001, ends - loop.time()) + slack,
                 )
             if _cancelling(current) > before:
                 raise asyncio.CancelledError()  # swallowed by redis-py on its way out
@@ -992,6 +1014,10 @@ class LockBase:
                 problem = f"the replica sync failed: {error}"
             elif int(renewed) != 1:
                 problem = "the lock expired before its replicas could be asked"
+            elif hold.state is not HoldState.HELD or hold.expires_at <= loop.time():
+                # (The WAIT outlasted the lease: a rival may hold the lock already — the
+                # acknowledgement vouches for nothing; helper-59.)
+                problem = "its lease ended while the replicas were awaited"
             else:
                 hold.replicas = int(acked[1] if isinstance(acked, list) else acked)
                 if hold.replicas < wanted:
@@ -1002,15 +1028,21 @@ class LockBase:
         except BaseException as exc:
             undo = self._give_up(runtime, hold)
             if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
-                await _settle_undo(undo)
+                await _settle_undo(undo, settle_patience())
+                cause = (
+                    f"no reply within {timeout + slack:.3g} s{_NO_REPLY}"
+                    if isinstance(exc, asyncio.TimeoutError)
+                    else describe(exc)
+                )
                 raise LockError(
-                    f"cannot acquire {self._name!r}: the replica sync failed ({describe(exc)}); "
+                    f"cannot acquire {self._name!r}: the replica sync failed ({cause}); "
                     "the lock was given up",
                     name=self._name,
                 ) from exc
             raise
         if problem:
-            await _settle_undo(self._give_up(runtime, hold))
+            undo = self._give_up(runtime, hold)
+            await _settle_undo(undo, settle_patience())
             raise LockError(
                 f"cannot acquire {self._name!r}: {problem}; the lock was given up",
                 name=self._name,
@@ -1018,7 +1050,11 @@ class LockBase:
 
     def _give_up(self, runtime: Runtime, hold: Hold) -> asyncio.Task[None] | None:
         """Drop a hold the caller will not get, and abandon it on the server (fenced): the
-        abandon's background task, if one was started."""
+        abandon's background task, if one was started. A hold lost meanwhile is forgotten too
+        (its lease stays marked lost): the caller, who was not given it, will not release it."""
+        if hold.state is HoldState.LOST:
+            self._forget(runtime, hold)
+            return None if runtime.closed else self._undo(runtime, self._abandon(hold.owner))
         if hold.state is not HoldState.HELD:
             return None
         return self._drop(runtime, hold, counted=False)
@@ -1135,6 +1171,15 @@ class LockBase:
         if task.done():
             raise LockError(
                 f"cannot transfer {self._name!r}: the target task has already ended",
+                name=self._name,
+            )
+        if task.get_loop() is not runtime.loop:
+            # (Its end would be seen on the other loop's thread, and its release() would not
+            # find the hold: locks of a client are used on the loop it serves; helper-63.)
+            raise LockError(
+                f"cannot transfer {self._name!r}: the target task runs on another event loop; "
+                "hand the hold to a task of this loop (asyncio.create_task), or let that loop "
+                "acquire the lock through a client of its own",
                 name=self._name,
             )
         theirs = unclaimed(runtime.holds.get((hold.key, task)))
@@ -1649,8 +1694,9 @@ class LockBase:
                 )
             self._check_reply(reply, "acquire")
             if reply.status == 1:
-                self._adopt(runtime, task, owner, reply, sent_at)
-                return True
+                if self._adopt(runtime, task, owner, reply, sent_at):
+                    return True
+                owner = new_owner_id()  # (given up: fenced off)
             if timeout == 0:
                 return False
             # It arrived before any task that queued while this attempt was in flight.
@@ -1659,16 +1705,30 @@ class LockBase:
 
     def _adopt(
         self, runtime: Runtime, task: asyncio.Task[Any], owner: str, reply: Reply, sent_at: float
-    ) -> None:
-        """An attempt answered "held by you": make it this task's hold (or undo it)."""
+    ) -> bool:
+        """An attempt answered "held by you": make it this task's hold — unless the answer
+        came after the lease it reports may have ended (counted from the attempt's sending:
+        a reply delayed that long, a rival may hold the lock already): then it is undone
+        (fenced), and False."""
         if runtime.closed:
             self._undo(runtime, self._abandon(owner))
             self._check_open(runtime)
         lease_ms = self._lease_ms
         ttl = reply.ttl_ms if 0 <= reply.ttl_ms <= lease_ms else lease_ms
+        expires_at = sent_at + ttl / 1000
+        if expires_at - self._policy.margin(self._lease) <= runtime.loop.time():
+            logger.warning(
+                "acquiring %r: the server's answer came after the lease it gave had ended "
+                "(%.3g s after the attempt was sent); given up",
+                self._name,
+                runtime.loop.time() - sent_at,
+            )
+            self._undo(runtime, self._abandon(owner))
+            return False
         # A TTL below the lease: the lock was handed over to this owner while it waited (the
         # announcement was missed) — confirm the hand-over at once.
-        self._hold(runtime, task, owner, reply.token, sent_at + ttl / 1000, ttl < lease_ms)
+        self._hold(runtime, task, owner, reply.token, expires_at, ttl < lease_ms)
+        return True
 
     async def _wait(
         self,
@@ -1848,7 +1908,8 @@ class LockBase:
                         call = self._attempt_call(runtime, owner, True, task, arrival_us)
                 self._check_reply(reply, "acquire")
                 if reply.status == 1:
-                    self._adopt(runtime, task, owner, reply, sent_at)
+                    if not self._adopt(runtime, task, owner, reply, sent_at):
+                        raise _Unanswered(arrival_us)  # (wait on as a new owner)
                     acquired = True
                     return True
                 if reply.status != 0:
@@ -1889,7 +1950,10 @@ class LockBase:
                         self._check_open(runtime)
                         grant, waiter.grant = waiter.grant, None
                         expires_at = _claim_end(grant, since)
-                        if expires_at is None or expires_at <= loop.time():
+                        if (
+                            expires_at is None
+                            or expires_at - self._policy.margin(self._lease) <= loop.time()
+                        ):
                             break  # heard too late to vouch for: ask the server (re-attempt)
                         self._hold(runtime, task, owner, grant.token, expires_at, True)
                         acquired = True
@@ -2574,10 +2638,14 @@ class LockBase:
             command = self._pool_patient(lambda: call.run(self._redis), hold.expires_at)
             status, _ = ints(await _bounded(command, _release_deadline(hold)), 2)
         except (RedisError, OSError, TimeoutError) as exc:
-            hold.state = HoldState.RELEASED
+            lost = hold.state is HoldState.LOST  # (by its renewal, while this was in flight)
+            if not lost:
+                hold.state = HoldState.RELEASED
             self._forget(runtime, hold)
             if runtime.topology.transient(exc):
                 self._undo(runtime, self._abandon(hold.owner), until=hold.expires_at)
+                if lost:
+                    raise _lost_in_flight(self._name, hold) from exc
                 raise LockError(
                     f"cannot confirm the release of {self._name!r} ({describe(exc)}): it is "
                     "retried in the background, and the lock frees itself when its lease ends at "
@@ -2598,6 +2666,12 @@ class LockBase:
         if status == -1 and resent:
             logger.debug("re-sent release of %r found it already free", self._name)
             status = 0
+        if status != -1 and hold.state is HoldState.LOST:
+            # Its renewal gave the lease up for lost while this release was in flight (the
+            # server answered neither in time): the loss was signalled, and stands (helper-62:
+            # the release took it back — lease.lost false again, on_lost had run).
+            self._forget(runtime, hold)
+            raise _lost_in_flight(self._name, hold)
         if status == -1:
             self._lose(runtime, hold, "release found the lock expired or held by another owner")
             self._forget(runtime, hold)
@@ -2742,12 +2816,22 @@ def _end_the_rest(runtime: Runtime, key: Hashable, task: asyncio.Task[Any]) -> N
         top.task_callback(task)
 
 
-async def _settle_undo(undo: asyncio.Task[None] | None) -> None:
-    """Wait (a while at most) for a give-up sent in the background: an acquisition that
-    fails "after releasing" (SPEC §4) must not leave the lock visibly held as it reports the
-    failure. It goes on retrying past this wait if the server is slow to answer."""
+def _lost_in_flight(name: str, hold: Hold) -> LockLostError:
+    """The error of a final release during which the hold's loss was signalled."""
+    return LockLostError(
+        f"cannot release {name!r}: its lease was lost while the release was in flight "
+        f"({hold.lost_reason}) — work done under it may have overlapped another holder",
+        name=name,
+    )
+
+
+async def _settle_undo(undo: asyncio.Task[None] | None, patience: float | None = None) -> None:
+    """Wait (``patience`` seconds at most, default RELEASE_PATIENCE) for a give-up sent in the
+    background: an acquisition that fails "after releasing" (SPEC §4) must not leave the lock
+    visibly held as it reports the failure. It goes on retrying past this wait if the server
+    is slow to answer."""
     if undo is not None and not undo.done():
-        await asyncio.wait((undo,), timeout=RELEASE_PATIENCE)
+        await asyncio.wait((undo,), timeout=RELEASE_PATIENCE if patience is None else patience)
 
 
 def _rearm(hold: Hold, task: asyncio.Task[Any]) -> None:

@@ -228,6 +228,11 @@ class FanOut:
         self._rounds = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()  # only when no runtime tracks them
         self._janitors: dict[int, _Janitor] = {}
+        # The event loop seen ending under a round: a master's reply task cancelled neither by
+        # the round's timer nor by a close — asyncio.run cancelling every task at its end.
+        # Clean-ups are not started there: nothing would run them (helper-65: a task created
+        # after that sweep was destroyed pending, its coroutine failing on the closed loop).
+        self._ending: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"<FanOut {len(self.masters)} masters quorum={self.quorum}>"
@@ -305,6 +310,8 @@ class FanOut:
                     if expired
                     else LockError("the redis client was closed")
                 )
+                if not expired and self._closed() is None:
+                    self._ending = loop
             else:
                 try:
                     result = task.result()
@@ -699,7 +706,9 @@ class FanOut:
             if self._owners.get(owner) is state:
                 self._tidy(owner)
 
-        if not indexes:  # nothing to abandon anywhere: settled now, not a loop step later
+        if not indexes or self._ending is loop:
+            # Nothing to abandon anywhere (settled now, not a loop step later), or the loop is
+            # ending: the keys end with their leases.
             swept()
             done: asyncio.Future[Any] = loop.create_future()
             done.set_result(None)
@@ -917,7 +926,7 @@ class _Janitor:
 
     def _settle(self, value: str) -> None:
         debt = self._debts.pop(value, None)
-        if debt is not None and not debt.settled.done():
+        if debt is not None and not debt.settled.done() and not self.loop.is_closed():
             debt.settled.set_result(None)
 
     async def _work(self) -> None:

@@ -206,20 +206,16 @@ async def pipelined(
     A server that does not know a script (restarted, flushed, a cluster node just added) is
     given it — on ``client``, the one server it reaches (through a cluster client a ``SCRIPT
     LOAD`` goes to every primary, and waited for a stopped one) — and those calls are sent
-    again, within the same bound; a failure there is those calls' reply."""
-    loop = asyncio.get_running_loop()
-    deadline = None if bound is None else loop.time() + bound
-
-    def left() -> float | None:
-        return None if deadline is None else deadline - loop.time()
-
+    again; a failure there is those calls' reply. Each of those round trips is bounded by
+    ``bound`` too (the server answered the first: not a silent connection; one bound for the
+    three lost leases under a steady latency of a sixth of them — helper-62)."""
     replies = await _pipelined_once(client, calls, bound)
     redo = [k for k, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if redo:
         try:
             for script in {calls[k].script for k in redo}:
-                await asyncio.wait_for(client.script_load(script.code), left())
-            resent = await _pipelined_once(client, [calls[k] for k in redo], left())
+                await asyncio.wait_for(client.script_load(script.code), bound)
+            resent = await _pipelined_once(client, [calls[k] for k in redo], bound)
         except Exception as exc:
             resent = [exc] * len(redo)
         for k, reply in zip(redo, resent, strict=True):
@@ -233,8 +229,13 @@ async def _pipelined_once(
     drop_stale_connections(client.connection_pool)
     fast = fast_batches(client)
     if fast is not None:
+        # (A connection opened for the batch has as long again for its handshake: the bound
+        # is there for a pooled connection gone silent, and a new one is not one — helper-62:
+        # a handshake of three round trips under a steady latency lost the lease.)
         batch = [(script.sha, keys, args) for script, keys, args in calls]
-        return await asyncio.wait_for(run_pipeline(fast, batch), bound)
+        return await asyncio.wait_for(
+            run_pipeline(fast, batch, bound), None if bound is None else 2 * bound
+        )
     pipe = client.pipeline(transaction=False)
     for script, keys, args in calls:
         pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -259,6 +260,8 @@ class Runtime:
 
     __slots__ = (
         "__weakref__",
+        "_closers",
+        "_closing",
         "_commands",
         "_finished",
         "_hubs",
@@ -283,6 +286,8 @@ class Runtime:
         self.loop = asyncio.get_running_loop()
         self.closed = False
         self._finished = False  # the close is complete: nothing may start any more
+        self._closing: asyncio.Task[None] | None = None  # the close, once begun (aclose)
+        self._closers: set[asyncio.Task[Any]] = set()  # tasks awaiting it (not cancelled)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._undoing: set[asyncio.Task[Any]] = set()  # undo tasks under way (spawn)
         # The timeout scopes of acquisitions whose command is in flight in the caller's own
@@ -514,10 +519,27 @@ class Runtime:
     # -- closing -----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Stop everything this library runs for the client (module docstring)."""
-        if self.closed:
-            return
-        self.closed = True
+        """Stop everything this library runs for the client (module docstring).
+
+        The close runs once, in a task of its own: a caller cancelled meanwhile (a
+        ``wait_for`` around ``aclose()``, a shutdown) does not cut it short — it left waiters
+        waiting until their holder's lease ended, a listener and a connection behind — and a
+        later or concurrent call waits for the same close (helper-63: it returned at once,
+        before the first had drained)."""
+        current = asyncio.current_task()
+        if current is not None:
+            self._closers.add(current)  # (an on_lost callback closing the client, say)
+        if self._closing is None:
+            self.closed = True
+            self._closing = self.loop.create_task(self._close())
+            self._closing.add_done_callback(_retrieved)
+        try:
+            await asyncio.shield(self._closing)
+        finally:
+            if current is not None:
+                self._closers.discard(current)
+
+    async def _close(self) -> None:
         for top in list(self.holds.values()):
             hold: Hold | None = top
             while hold is not None:  # a task's earlier permits wait underneath (outer)
@@ -547,14 +569,17 @@ class Runtime:
             # An undo still waiting for its server (a command of an acquisition cut short by
             # the close may have reached it) gets the grace once more, as one started now would.
             self.spawn(_settled(undoing), cleanup=True)
-        tasks = [
-            task
-            for task in self._tasks
-            if task is not asyncio.current_task() and task not in undoing
-        ]
+        tasks = [task for task in self._tasks if task not in undoing and task not in self._closers]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A done callback that marks ``task``'s exception retrieved (its awaiters, if any, were
+    cancelled meanwhile: it is theirs to see, not the loop's to log)."""
+    if not task.cancelled():
+        task.exception()
 
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()

@@ -565,7 +565,9 @@ def _sent(
     )
 
 
-async def run_pipeline(fast: FastPool, calls: Sequence[tuple[str, Keys, Args]]) -> list[object]:
+async def run_pipeline(
+    fast: FastPool, calls: Sequence[tuple[str, Keys, Args]], bound: float | None = None
+) -> list[object]:
     """``EVALSHA sha len(keys) *keys *args`` for each of ``calls`` (``(sha, keys, args)``), all
     written at once on one connection of ``fast``'s pool — one round trip, as a redis-py
     pipeline — and their replies in order, a server's error reply in place of its call's.
@@ -574,21 +576,32 @@ async def run_pipeline(fast: FastPool, calls: Sequence[tuple[str, Keys, Args]]) 
     commands packed and replies read: a batch of 1,000 renewals holds the loop for a tenth of
     the time (B5's loop lag), and costs no more. Under the pool's ``Retry`` as a single script
     call is (every script is idempotent); a connection left with replies owed (an error, a
-    timeout, a cancellation) is dropped, never reused."""
+    timeout, a cancellation) is dropped, never reused. ``bound``: seconds the exchange may
+    take once the connection is ready (a connection opened for it has its handshake first:
+    the caller bounds the whole)."""
     pool: Any = fast.pool
     conn = await pool.get_connection()
     try:
         return await conn.retry.call_with_retry(  # type: ignore[no-any-return]
-            lambda: _pipelined(conn, fast, calls), lambda _error: drop_connection(conn)
+            lambda: _pipelined(conn, fast, calls, bound), lambda _error: drop_connection(conn)
         )
     finally:
         await pool.release(conn)
 
 
 async def _pipelined(
-    conn: Any, fast: FastPool, calls: Sequence[tuple[str, Keys, Args]]
+    conn: Any, fast: FastPool, calls: Sequence[tuple[str, Keys, Args]], bound: float | None
 ) -> list[object]:
     await _ready(conn)
+    exchange = _pipelined_exchange(conn, fast, calls)
+    if bound is None:
+        return await exchange
+    return await asyncio.wait_for(exchange, bound)
+
+
+async def _pipelined_exchange(
+    conn: Any, fast: FastPool, calls: Sequence[tuple[str, Keys, Args]]
+) -> list[object]:
     packed: list[bytes] = []
     for start in range(0, len(calls), PIPELINE_STEP):
         if start:

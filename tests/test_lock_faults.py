@@ -17,8 +17,10 @@ background tasks settle (:func:`settle`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
+import secrets
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -1365,6 +1367,53 @@ class TestRenewal:
 # --------------------------------------------------------------------------------------------
 
 
+class TestLateReplies:
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "Semaphore"])
+    async def test_an_answer_that_comes_after_its_lease_is_not_a_hold(
+        self,
+        fault_proxy: FaultProxy,
+        proxied: aioredis.Redis,
+        client: aioredis.Redis,
+        name: str,
+        kind: str,
+    ) -> None:
+        """Bug (helper-59): an attempt whose "taken" reply came after the lease it gave had
+        ended (replies delayed 0.5 s, a lease of 0.3 s) made ``acquire()`` return True — state
+        held, ``lease.lost`` false — while a rival already held the lock; the loss came in the
+        next loop iteration. Such an answer is given up now (fenced): a try returns False, a
+        wait goes on as a new owner, and a rival's hold is never shared."""
+
+        def make(redis: aioredis.Redis, lease: float) -> Lock | FairLock | Semaphore:
+            if kind == "Semaphore":
+                return Semaphore(redis, name, 1, lease=lease)
+            return (Lock if kind == "Lock" else FairLock)(redis, name, lease=lease)
+
+        late = make(proxied, 0.3)
+        fault_proxy.delay(0.5)
+        assert not await late.acquire(blocking=False)
+        assert not late.owned() and late.current_lease is None
+        rival = make(client, 5.0)
+
+        async def contend() -> bool:
+            for _ in range(100):
+                if await rival.acquire(blocking=False):
+                    await asyncio.sleep(0.6)
+                    await rival.release()
+                    return True
+                await asyncio.sleep(0.02)
+            return False
+
+        contender = asyncio.create_task(contend())
+        try:
+            assert not await late.acquire(timeout=1.5)  # (every answer comes after its lease)
+            assert not late.owned() and late.current_lease is None
+        finally:
+            took = await contender
+            fault_proxy.delay(0)
+        assert took  # the rival's holds were never shared: the late answers were given up
+        await settle(proxied)
+
+
 class TestServerRestart:
     async def test_waiter_acquires_after_restart(
         self, server_factory: ServerFactory, connect: Connect, name: str
@@ -1396,6 +1445,71 @@ class TestServerRestart:
 
 
 class TestClientClose:
+    async def test_a_cancelled_close_goes_on_and_a_second_one_waits_for_it(
+        self, client: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        """Bug (helper-63): an ``aclose()`` cancelled part-way (a ``wait_for`` around it, a
+        shutdown) left the client half-closed — its waiters waiting until their holder's lease
+        ended, its listener running, a connection open — and a second ``aclose()`` returned at
+        once. The close goes on in a task of its own now, and every call waits for it."""
+        holder = Lock(client, name, lease=30.0)
+        assert await holder.acquire()
+        conn = aioredis.Redis.from_url(redis_url)
+        mine = Lock(conn, f"{name}:mine")
+        waiting = Lock(conn, name)
+
+        async def wait() -> object:
+            try:
+                got = await waiting.acquire(timeout=20)
+            except LockError as exc:
+                return exc
+            if got:
+                await waiting.release()
+            return got
+
+        try:
+            assert await mine.acquire()
+            waiters = [asyncio.create_task(wait()) for _ in range(2)]
+            await until(lambda: waiting.statistics().waiting == 2, what="two waiters")
+            closing = asyncio.create_task(conn.aclose())
+            await asyncio.sleep(0)
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing
+            await conn.aclose()
+            assert not introspect.background_tasks(conn)
+            results = await asyncio.wait_for(asyncio.gather(*waiters), 5)
+            assert all(isinstance(r, LockError) for r in results), results
+        finally:
+            await holder.release()
+
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "Semaphore", "ReadWriteLock"])
+    async def test_locked_on_a_closed_client_is_refused(
+        self, redis_url: str, name: str, kind: str
+    ) -> None:
+        """Bug (helper-65): ``locked()`` on a client closed on this loop opened a connection
+        the closed client no longer tracked (an unclosed connection, a ``ResourceWarning``)
+        and answered; ``acquire()`` there raises ``LockError`` — and so does ``locked()``."""
+        tag = f"closed-{secrets.token_hex(4)}"
+        conn = aioredis.Redis.from_url(redis_url, client_name=tag)
+        lock: Any
+        if kind == "Semaphore":
+            lock = Semaphore(conn, name, 2)
+        elif kind == "ReadWriteLock":
+            lock = ReadWriteLock(conn, name).read
+        else:
+            lock = (Lock if kind == "Lock" else FairLock)(conn, name)
+        async with lock:
+            pass
+        await conn.aclose()
+        with pytest.raises(LockError, match="client was closed"):
+            await lock.locked()
+        inspector = aioredis.Redis.from_url(redis_url)
+        try:
+            assert tag not in str(await inspector.client_list())  # no connection reopened
+        finally:
+            await inspector.aclose()
+
     @pytest.mark.parametrize("turned", [True, False], ids=["kept", "keeping-pending"])
     async def test_close_while_holding_leaves_no_task(
         self, redis_url: str, name: str, turned: bool

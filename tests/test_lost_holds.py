@@ -712,3 +712,34 @@ async def test_a_renewal_with_no_free_connection_never_crosses_an_extend(
     await asyncio.sleep(1.2)
     assert not lease.lost
     await lock.release()
+
+
+@pytest.mark.parametrize("kind", [Lock, FairLock, Semaphore], ids=lambda k: k.__name__)
+async def test_a_loss_signalled_while_the_release_is_in_flight_stands(
+    proxied: aioredis.Redis, fault_proxy: FaultProxy, name: str, kind: type[Any]
+) -> None:
+    """Bug (helper-62): a release whose answer was held back past the lease's end — its
+    renewal meanwhile unanswered too, so the loss was signalled (``on_lost`` called,
+    ``lease.lost`` true) — then gave up with a plain ``LockError`` ("cannot confirm the
+    release … it is retried in the background") and set the hold back to released:
+    ``lease.lost`` read False again. The loss stands now, and the release says so."""
+    lost: list[object] = []
+    lock = (
+        Semaphore(proxied, name, 2, lease=0.6, on_lost=lost.append)
+        if kind is Semaphore
+        else kind(proxied, name, lease=0.6, on_lost=lost.append)
+    )
+    assert await lock.acquire()
+    lease = lock.current_lease
+    assert lease is not None
+    fault_proxy.hold_replies()
+    try:
+        with pytest.raises(LockLostError, match="lost while the release was in flight"):
+            await lock.release()
+    finally:
+        fault_proxy.release_replies()
+    assert lost == [lease]
+    assert lease.lost
+    assert lock.current_lease is None and not lock.owned()
+    await introspect.drain(proxied)
+    assert not await lock.locked()

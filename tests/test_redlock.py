@@ -1464,3 +1464,45 @@ async def test_masters_refusing_the_channel_fail_the_wait(
     finally:
         for admin in admins:
             await admin.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+
+
+def test_a_run_that_ends_during_a_release_leaves_no_task_behind(
+    masters: list[ServerProcess], name: str
+) -> None:
+    """Bug (helper-65): a ``RedLock`` release returns once a quorum answered; when the
+    ``asyncio.run`` ended right after it (its clients left open: a careless user, or clients
+    that serve one run after another), the slow master's reply task was cancelled by the run's
+    end, and the round's clean-up then started a task nothing would run: "Task was destroyed
+    but it is pending!" once collected, its coroutine failing on the closed loop ("Exception
+    ignored … Event loop is closed" — an unraisable exception, which fails a pytest run with
+    ``filterwarnings = error``). No clean-up is started once the loop is seen ending."""
+    clients = [aioredis.Redis.from_url(proc.url) for proc in masters[:3]]
+    side = aioredis.Redis.from_url(masters[2].url)
+
+    async def run() -> None:
+        lock = RedLock(clients, name)
+        assert await lock.acquire()
+        sleeping = asyncio.create_task(
+            side.execute_command("DEBUG", "SLEEP", "0.3")  # type: ignore[no-untyped-call]
+        )
+        await asyncio.sleep(0.05)
+        await lock.release()  # (the quorum answered; the third master has not)
+        assert not sleeping.done()
+
+    async def close() -> None:
+        for client in (*clients, side):
+            await client.aclose()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(run())
+        # The end of asyncio.run: every task left is cancelled, and awaited.
+        ending = asyncio.all_tasks(loop)
+        for task in ending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*ending, return_exceptions=True))
+        left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        assert not left, left
+    finally:
+        loop.run_until_complete(close())  # (here only to leave nothing open)
+        loop.close()

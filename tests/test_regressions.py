@@ -27,6 +27,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -663,6 +664,40 @@ class TestTwoHolders:
             with pytest.raises(LockNotOwnedError, match=r"whole body of task .*transfer"):
                 await asyncio.shield(lock.release())
             assert lock.owned()
+        assert await is_free(client, name)
+
+    async def test_transfer_to_a_task_of_another_loop_is_refused(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (helper-63): ``transfer()`` accepted a task running on another event loop (in
+        another thread): its ``release()`` said "not held by this task", and its end was seen
+        on that thread, which started the release on this loop from there (with debug on:
+        "Non-thread-safe operation", nothing released). It is refused at the call now."""
+        started, stop = threading.Event(), threading.Event()
+        other: list[asyncio.Task[Any]] = []
+
+        def run_other() -> None:
+            async def idle() -> None:
+                task = asyncio.current_task()
+                assert task is not None
+                other.append(task)
+                started.set()
+                await asyncio.to_thread(stop.wait, 10)
+
+            asyncio.run(idle())
+
+        thread = threading.Thread(target=run_other)
+        thread.start()
+        try:
+            assert await asyncio.to_thread(started.wait, 5)
+            lock = Lock(client, name)
+            async with lock:
+                with pytest.raises(LockError, match="another event loop"):
+                    lock.transfer(other[0])
+                assert lock.owned()
+        finally:
+            stop.set()
+            await asyncio.to_thread(thread.join, 5)
         assert await is_free(client, name)
 
     async def test_cancel_during_inner_release(

@@ -361,3 +361,31 @@ class TestSilentConnection:
         finally:
             fault_proxy.heal()
             await client.aclose()
+
+
+class TestSteadyLatency:
+    async def test_a_renewal_that_must_connect_under_latency_keeps_the_lease(
+        self, fault_proxy: FaultProxy, name: str
+    ) -> None:
+        """Bug (helper-62): a renewal round that had to open a connection under a steady
+        latency (a reply delay of a tenth of the lease) on a server that did not know the renewal
+        script yet needed six round trips — the handshake's three, its own, the script's load
+        and its own again — against a bound of half the lease's time left: cut short, its
+        connection dropped, each retry opening another under a bound halved again, the lease
+        was lost though the server answered every command. A connection opened for the round
+        has as long again for its handshake now, and a round is given at least twice what the
+        last answered one took."""
+        client = aioredis.Redis.from_url(fault_proxy.url)
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=3.0, on_lost=lost.append)
+        try:
+            async with lock:
+                await client.connection_pool.disconnect()  # the next round connects anew
+                fault_proxy.delay(0.3)
+                await asyncio.sleep(5.0)  # past the lease: renewed
+                assert not lost, lost[0].lost_reason
+                assert lock.owned()
+                fault_proxy.delay(0)
+        finally:
+            fault_proxy.heal()
+            await client.aclose()

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from redis_locks_async import Lock, LockError
 from tests import _introspect
+from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -154,6 +155,92 @@ async def test_replica_sync_ends_with_the_callers_timeout(pair: Pair) -> None:
         assert not await lock.locked()
     finally:
         pair.replica.resume()
+        await client.aclose()
+
+
+async def test_replica_sync_keeps_the_callers_bound_when_the_server_goes_silent(
+    pair: Pair,
+) -> None:
+    """Bug (helper-59): a server that went silent during the replica sync's ``WAIT`` (a
+    partition) made ``acquire(timeout=1)`` (and ``blocking=False``) fail only after 3 s: the
+    pipeline was awaited a second past the WAIT, and the give-up a second more. Now the
+    caller's bound holds (the WAIT's reply is allowed the server's timer and a round trip)."""
+    proxy = await FaultProxy(pair.master.host, pair.master.port).start()
+    client = aioredis.Redis(host=proxy.host, port=proxy.port)
+    try:
+        await asyncio.to_thread(pair.cut_replica)
+        for name, limit in (("s4:silent-wait", 1.0), ("s4:silent-try", None)):
+            lock = Lock(client, name, replicas=1, replica_timeout=10.0)
+            assert not await lock.locked()  # (connected, the scripts' keys warmed up)
+
+            async def partition() -> None:
+                await asyncio.sleep(0.3)
+                proxy.blackhole()
+
+            cut = asyncio.create_task(partition())
+            started = time.monotonic()
+            with pytest.raises(LockError, match=r"replica sync failed.*no reply within"):
+                if limit is None:
+                    await lock.acquire(blocking=False)  # (a try allows the sync a second)
+                else:
+                    await lock.acquire(timeout=limit)
+            assert time.monotonic() - started < 1.0 + 0.5, name
+            await cut
+            assert not lock.owned()
+            assert not _introspect.held_leases(client)
+            proxy.heal()
+    finally:
+        pair.replica.resume()
+        await client.aclose()
+        await proxy.close()
+
+
+async def test_replica_sync_that_outlasts_the_lease_fails(pair: Pair) -> None:
+    """Bug (helper-59): with ``auto_renew=False`` and a lease shorter than the WAIT, the
+    acquisition returned True — ``lease.replicas == 1`` — for a lease that had ended during
+    the WAIT (``on_lost`` had run, and a rival held the lock). It fails now, and leaves no
+    hold behind."""
+    client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    rival_client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    lost: list[object] = []
+    try:
+        lock = Lock(
+            client,
+            "s4:short",
+            lease=0.3,
+            auto_renew=False,
+            replicas=1,
+            replica_timeout=3.0,
+            on_lost=lost.append,
+        )
+        async with Lock(client, "s4:warm", replicas=1):  # (the renewal script is loaded)
+            pass
+        pair.replica.pause()  # the link stays: the replica acknowledges once resumed
+        resume = asyncio.get_running_loop().call_later(1.0, pair.replica.resume)
+        rival = Lock(rival_client, "s4:short", lease=5.0)
+
+        async def contend() -> bool:
+            for _ in range(250):
+                if await rival.acquire(blocking=False):
+                    await rival.release()
+                    return True
+                await asyncio.sleep(0.02)
+            return False
+
+        contender = asyncio.create_task(contend())
+        try:
+            with pytest.raises(LockError, match="lease ended while the replicas were awaited"):
+                await lock.acquire(timeout=5)
+            assert await asyncio.wait_for(contender, 5)  # (the lock was free to take)
+        finally:
+            resume.cancel()
+            pair.replica.resume()
+            contender.cancel()
+        assert lost  # (its loss was signalled when the lease ended)
+        assert not lock.owned()
+        assert lock.current_lease is None  # nothing left to release
+    finally:
+        await rival_client.aclose()
         await client.aclose()
 
 

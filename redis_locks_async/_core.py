@@ -1059,15 +1059,18 @@ class LockBase:
             return None
         return self._drop(runtime, hold, counted=False)
 
-    def _drop(self, runtime: Runtime, hold: Hold, *, counted: bool = True) -> asyncio.Task[None]:
+    def _drop(
+        self, runtime: Runtime, hold: Hold, *, counted: bool = True, eager: bool = False
+    ) -> asyncio.Task[None]:
         """End ``hold`` here (released, forgotten) and abandon it on the server in the
         background (fenced): the abandon's task. ``counted``: a release (a task that ended
-        holding it, a release that failed), not an acquisition given up."""
+        holding it, a release that failed), not an acquisition given up. ``eager``: see
+        :meth:`_undo`."""
         self._forget(runtime, hold)
         hold.state = HoldState.RELEASED
         if counted:
             self._released(runtime, hold)
-        return self._undo(runtime, self._abandon(hold.owner))
+        return self._undo(runtime, self._abandon(hold.owner), eager=eager)
 
     def _released(self, runtime: Runtime, hold: Hold) -> None:
         """Count the end of ``hold`` by a release (statistics, telemetry)."""
@@ -1479,8 +1482,38 @@ class LockBase:
         runtime: Runtime,
         undo: Callable[[], Awaitable[object]],
         until: float | None = None,
+        *,
+        eager: bool = False,
     ) -> asyncio.Task[None]:
-        return runtime.spawn(self._retrying(undo, "cleanup", until), cleanup=True)
+        """Send ``undo`` in the background (:meth:`_retrying`): its task.
+
+        ``eager`` (the release of a task that ended holding): on Python 3.12+ the task starts
+        at once, so the command is written before the loop goes on — a task that ended as
+        its ``asyncio.run`` did (its main task, say) has its release cancelled by the run's
+        end, and a task cancelled before its first step sent nothing (helper-63/65: the lock
+        stayed held for its whole lease). Where it still cannot go out, that is said."""
+        if not eager:
+            return runtime.spawn(self._retrying(undo, "cleanup", until), cleanup=True)
+        started = False
+
+        async def run() -> None:
+            nonlocal started
+            started = True
+            await self._retrying(undo, "release", until)
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if task.cancelled():
+                logger.warning(
+                    "the release of %r was %s: its event loop was ending (a task that ends "
+                    "holding a lock as asyncio.run ends); the lock frees itself when its "
+                    "lease ends",
+                    self._name,
+                    "cut short, and may not have been sent" if started else "not sent",
+                )
+
+        task = runtime.spawn(run(), cleanup=True, eager=True)
+        task.add_done_callback(ended)
+        return task
 
     async def _retrying(
         self, call: Callable[[], Awaitable[object]], what: str, until: float | None = None
@@ -2143,7 +2176,7 @@ class LockBase:
                     "task %s ended while holding %r; releasing it", task.get_name(), self._name
                 )
             if hold.live:
-                self._drop(runtime, hold)
+                self._drop(runtime, hold, eager=True)
             else:
                 self._forget_lost(runtime, hold)
             _end_the_rest(runtime, hold.key, task)

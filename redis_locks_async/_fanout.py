@@ -1022,8 +1022,10 @@ class FanPipeline:
 @final
 class MultiHub:
     """The hub of a :class:`FanOut` runtime: a :class:`SubscriptionHub` per master, all
-    delivering into one parking lot per channel; a channel counts as subscribed once any
-    master confirmed it (a release is announced by every master that had the key)."""
+    delivering into one parking lot per channel; a channel counts as subscribed once a quorum
+    of masters confirmed it: a release is announced by every master that had the key, and a
+    holder's quorum shares a master with any other quorum (one master was not enough: a
+    holder of the others' keys released unheard — helper-60)."""
 
     __slots__ = ("_closing", "_hubs", "_loop", "_subscriptions")
 
@@ -1099,21 +1101,28 @@ class MultiHub:
         return all(hub.refused(channel) for hub in self._hubs)
 
     async def subscribed(self, channel: str, deadline: float | None) -> bool:
-        """Wait until some master confirmed ``channel``; ``False`` once ``deadline`` passed;
-        a :class:`LockError` when every master that answered refused it (an ACL) and none is
-        left to answer."""
+        """Wait until a quorum of masters confirmed ``channel`` (or, once none is left to
+        answer, at least one); ``False`` once ``deadline`` passed; a :class:`LockError` when
+        every master that answered refused it (an ACL) and none is left to answer."""
+        quorum = len(self._hubs) // 2 + 1
         while True:
             confirmations = [hub.confirmation(channel) for hub in self._hubs]
             refusals = []
+            confirmed = 0
             for confirmation in confirmations:
                 if confirmation.done() and not confirmation.cancelled():
                     refusal = confirmation.exception()
                     if refusal is None:
-                        return True
-                    refusals.append(refusal)
+                        confirmed += 1
+                    else:
+                        refusals.append(refusal)
+            if confirmed >= quorum:
+                return True
             if self._closing:
                 raise LockError("the redis client was closed; create a new client to use locks")
             pending = [confirmation for confirmation in confirmations if not confirmation.done()]
+            if confirmed and not pending:
+                return True
             if refusals and not pending:
                 raise LockError(f"cannot wait for a lock: {refusals[0]}")
             left = None if deadline is None else deadline - self._loop.time()

@@ -353,7 +353,12 @@ class Runtime:
     # -- background tasks --------------------------------------------------------------------
 
     def spawn(
-        self, coro: Coroutine[Any, Any, Any], *, report: bool = True, cleanup: bool = False
+        self,
+        coro: Coroutine[Any, Any, Any],
+        *,
+        report: bool = True,
+        cleanup: bool = False,
+        eager: bool = False,
     ) -> asyncio.Task[Any]:
         """Run ``coro`` in a background task this runtime tracks (and cancels on close).
 
@@ -364,11 +369,18 @@ class Runtime:
         leaves a ghost hold for a whole lease. It gets ``_CLOSE_GRACE`` seconds, as the
         close's own clean-ups do: no task outlives a closed client for long (a server that
         does not answer meanwhile keeps what it holds until the lease ends).
+
+        ``eager``: on Python 3.12+ the task runs its first step at once, up to its first wait.
         """
         if cleanup and self._finished:
             client = self.topology.client
             coro = _within(coro, _CLOSE_GRACE, getattr(client, "masters", (client,)))
-        task = self.loop.create_task(coro)
+        if eager and _EAGER_START:
+            task: asyncio.Task[Any] = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
+                coro, loop=self.loop, eager_start=True
+            )
+        else:
+            task = self.loop.create_task(coro)
         if cleanup:
             self._undoing.add(task)
             task.add_done_callback(self._undoing.discard)
@@ -581,6 +593,8 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
 
+
+_EAGER_START: Final = sys.version_info >= (3, 12)  # asyncio.Task(..., eager_start=True)
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 _UNKNOWN_SERVER: Final = object()

@@ -194,6 +194,43 @@ class TestStatistics:
 
 
 class TestOwnership:
+    def test_a_main_task_that_ends_holding_says_what_became_of_the_release(
+        self, redis_url: str, name: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Bug (helpers 63, 65): a task that ended holding a lock as its ``asyncio.run`` ended
+        (here its main task) was logged "releasing it", but the run's end cancelled the release
+        before it was sent, silently: the lock stayed held for its lease. On Python 3.12+ the
+        release starts at once and is written before the run's end (an idle connection at
+        hand); on 3.10/3.11 a second warning says it was not sent."""
+        loop = asyncio.new_event_loop()
+        client = aioredis.Redis.from_url(redis_url)
+
+        async def main() -> None:
+            async with Lock(client, f"{name}:warm"):
+                pass
+            await asyncio.sleep(0.6)  # (a lane, if one opened, has closed: a connection is idle)
+            assert await Lock(client, name, lease=10.0).acquire()  # and the run ends
+
+        try:
+            with caplog.at_level(logging.WARNING, "redis_locks_async"):
+                loop.run_until_complete(main())
+                ending = asyncio.all_tasks(loop)  # the end of asyncio.run: all cancelled
+                for task in ending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*ending, return_exceptions=True))
+            messages = [record.getMessage() for record in caplog.records]
+            assert any("ended while holding" in m for m in messages), messages
+            held = loop.run_until_complete(client.exists(name))
+            if sys.version_info >= (3, 12):
+                assert not held, messages
+            else:
+                assert held
+                assert any("release of" in m and "was not sent" in m for m in messages), messages
+        finally:
+            loop.run_until_complete(client.delete(name))
+            loop.run_until_complete(client.aclose())
+            loop.close()
+
     @pytest.mark.parametrize("guarded", [False, True], ids=["with", "guarded"])
     async def test_a_block_in_an_abandoned_async_generator_releases_the_lock(
         self, client: aioredis.Redis, name: str, guarded: bool

@@ -134,7 +134,8 @@ class LeaseKeeper:
         self._watch: asyncio.TimerHandle | None = None  # the expiry watchdog (module docstring)
         self._watch_at = math.inf
         self._failures: dict[Hashable, int] = {}  # failed round trips in a row, per node
-        self._took: dict[Hashable, float] = {}  # seconds the last answered round took, per node
+        # Seconds the last two answered rounds took, per node (newest last).
+        self._took: dict[Hashable, tuple[float, ...]] = {}
         self._rounds: dict[Hashable, asyncio.Task[None]] = {}  # cluster nodes' renewals out
         self._closed = False  # a cancellation swallowed by redis-py must not keep it running
         # Where this keeper's beats fall (module docstring). Not a secret: it only spreads the
@@ -372,14 +373,17 @@ class LeaseKeeper:
         # their end though a new connection would have worked — with no socket_timeout, or
         # one longer than what was left (helper-54: 5 s against a 6 s lease). Cut short, it
         # drops its connection, and a round on another follows within the lease. But at least
-        # twice what the last answered round to the node took, up to the time left: a steady
-        # latency (a round trip of a sixth of the lease) is no silent connection, and a round
-        # cut short on a working one cost the lease (helper-62).
+        # twice what the faster of the last two answered rounds to the node took, up to the
+        # time left: a steady latency (a round trip of a sixth of the lease) is no silent
+        # connection, and a round cut short on a working one cost the lease (helper-62). (Two
+        # rounds, not one: after a single slow round — a latency spike, a first round that
+        # opened its connection — a round on a connection gone silent was given so much that
+        # no other could follow within the lease; helper-66.)
         left = min(hold.expires_at for hold in due) - sent_at
         bound = max(_MIN_BOUND, left / 2)
-        took = self._took.get(node)
-        if took is not None:
-            bound = max(bound, min(left, 2 * took))
+        took = self._took.get(node, ())
+        if len(took) == 2:
+            bound = max(bound, min(left, 2 * min(took)))
         try:
             results = await topology.run_batch(calls, bound)
         except Exception as exc:
@@ -406,7 +410,7 @@ class LeaseKeeper:
                 hold.shortened = 0.0  # its renewal (which announces a shortening) has run
         self._failures[node] = failures + 1 if failed else 0
         if any(not isinstance(result, BaseException) for result in results):
-            self._took[node] = answered_at - sent_at
+            self._took[node] = (*self._took.get(node, ())[-1:], answered_at - sent_at)
         for hold in due:
             if hold.live:
                 self._arm(hold.expires_at)  # a crossed renewal may have shortened it

@@ -431,7 +431,9 @@ class Runtime:
         return {task for task in self._tasks if not task.done()}
 
     def _cleanups(self) -> list[asyncio.Task[Any]]:
-        long_lived = {self.keeper.task, asyncio.current_task()}
+        # (Nor the tasks awaiting this runtime's close, which waits for these: helper-66 — an
+        # on_lost callback that closed the client made the close wait its whole grace.)
+        long_lived = {self.keeper.task, asyncio.current_task(), *self._closers}
         for hub in self._hubs.values():
             long_lived |= hub.long_lived
         return [

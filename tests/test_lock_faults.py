@@ -1445,6 +1445,27 @@ class TestServerRestart:
 
 
 class TestClientClose:
+    async def test_a_close_awaited_by_on_lost_is_prompt(
+        self, client: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        """Bug (helper-66, in this session's close-in-a-task fix): an ``on_lost`` callback (a
+        background task of the library) that awaited ``client.aclose()`` made the close wait
+        for that very task — its whole 2 s grace."""
+        conn = aioredis.Redis.from_url(redis_url)
+        took: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        async def close(_: Lease) -> None:
+            started = loop.time()
+            await conn.aclose()
+            took.append(loop.time() - started)
+
+        lock = Lock(conn, name, lease=1.5, on_lost=close)
+        assert await lock.acquire()
+        await client.delete(name)  # the next renewal finds it gone: on_lost closes the client
+        await until(lambda: took, what="the close in on_lost", within=5.0)
+        assert took[0] < 1.0, took
+
     async def test_a_cancelled_close_goes_on_and_a_second_one_waits_for_it(
         self, client: aioredis.Redis, redis_url: str, name: str
     ) -> None:

@@ -389,3 +389,33 @@ class TestSteadyLatency:
         finally:
             fault_proxy.heal()
             await client.aclose()
+
+    async def test_one_slow_round_does_not_disarm_the_silent_connection_rule(
+        self, fault_proxy: FaultProxy, name: str
+    ) -> None:
+        """Bug (helper-66, in this session's fix above): a round's bound was at least twice
+        what the *last* answered round took; after one slow round (a latency spike) the next
+        one, on a pooled connection gone silent, was given so much of what was left that no
+        round on a new connection could follow within the lease, and the lease was lost. The
+        floor follows the faster of the last two rounds now."""
+        client = aioredis.Redis.from_url(fault_proxy.url, socket_timeout=None)
+        lost: list[Lease] = []
+        lock = Lock(client, name, lease=3.0, on_lost=lost.append)
+        fault_proxy.delay(0.06)
+        try:
+            async with lock:
+                await asyncio.sleep(0.5)
+                fault_proxy.delay(0.9)  # the next round is answered 0.9 s late
+                await asyncio.sleep(0.7)
+                before = fault_proxy.stats.bytes_down
+                await until(
+                    lambda: fault_proxy.stats.bytes_down != before, what="the slow round's reply"
+                )
+                fault_proxy.delay(0.06)
+                assert fault_proxy.blackhole_where(b"evalsha") >= 1  # the pooled one goes silent
+                await asyncio.sleep(4.0)  # past the lease: renewed on another connection
+                assert not lost, lost[0].lost_reason
+                assert lock.owned()
+        finally:
+            fault_proxy.heal()
+            await client.aclose()

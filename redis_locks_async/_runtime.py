@@ -793,11 +793,16 @@ def _hook_close(client: Any) -> None:
         if target is not None and unbound is not None:
             _CLOSED[target] = unbound
         runtime = existing_runtime(target) if target is not None else None
-        if runtime is not None:
-            await runtime.aclose()
-        for closer in list(_ALSO_CLOSE.get(target, ())) if target is not None else []:
-            await closer()
-        await original(*args, **kwargs)
+        try:
+            if runtime is not None:
+                await runtime.aclose()
+            for closer in list(_ALSO_CLOSE.get(target, ())) if target is not None else []:
+                await closer()
+        finally:
+            # Also when the caller was cancelled meanwhile — by the loss the close itself
+            # signals, an aclose() inside a guarded() block (helper-66): redis-py's own close
+            # of the client runs, or a pooled connection stayed open.
+            await original(*args, **kwargs)
 
     client.aclose = aclose
     setattr(client, _HOOKED, True)

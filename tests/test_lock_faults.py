@@ -1445,6 +1445,24 @@ class TestServerRestart:
 
 
 class TestClientClose:
+    async def test_a_close_inside_a_guarded_block_still_closes_the_client(
+        self, redis_url: str, name: str
+    ) -> None:
+        """Bug (helper-66): ``aclose()`` inside ``async with lock.guarded():`` — the close
+        marks the hold lost, which cancels the block, and with it the caller's ``aclose()``
+        before redis-py's own close of the client ran: a pooled connection stayed open."""
+        tag = f"guarded-{secrets.token_hex(4)}"
+        conn = aioredis.Redis.from_url(redis_url, client_name=tag)
+        lock = Lock(conn, name)
+        with pytest.raises(LockLostError, match="client was closed"):
+            async with lock.guarded():
+                await conn.aclose()
+        inspector = aioredis.Redis.from_url(redis_url)
+        try:
+            assert tag not in str(await inspector.client_list())
+        finally:
+            await inspector.aclose()
+
     async def test_a_close_awaited_by_on_lost_is_prompt(
         self, client: aioredis.Redis, redis_url: str, name: str
     ) -> None:

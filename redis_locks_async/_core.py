@@ -448,33 +448,32 @@ def _pass_through_codes() -> frozenset[object]:
     result, so that a task whose body one of them is ends with that coroutine as surely as if
     it were its own body: anyio's task wrapper (``TaskHandle._run_coro``, anyio ≥ 4.11), the
     one ``anyio.from_thread.run()`` runs a function's coroutine in, and — on Python 3.12+,
-    where it runs the coroutine in the caller's task — ``asyncio.wait_for``."""
+    where it runs the coroutine in the caller's task — ``asyncio.wait_for``. anyio's are looked
+    for only once its asyncio backend is in use (imported: no task of anyio's can run before);
+    importing it here cost the first ``acquire()`` 20 to 30 ms inside the event loop
+    (helper-65)."""
     global _PASS_THROUGH
-    if _PASS_THROUGH is None:
-        codes: set[object] = set() if _HELPER_TASKS else {_WAIT_FOR_CODE}
-        try:
-            from anyio._backends._asyncio import AsyncIOBackend
-            from anyio._core._tasks import TaskHandle
-        except (ImportError, AttributeError):
-            pass
-        except Exception:  # an import that failed this time only
-            # (CPython 3.11 can fail every compile() in a task that closed an async generator
-            # a certain way — SystemError: the import is tried again next time, and an
-            # acquire() is not failed for it.)
-            return frozenset(codes)
-        else:
-            with contextlib.suppress(AttributeError):
-                codes.add(TaskHandle._run_coro.__code__)
-            with contextlib.suppress(AttributeError):
-                codes.update(
-                    const
-                    for const in AsyncIOBackend.run_async_from_thread.__code__.co_consts
-                    if isinstance(const, CodeType) and const.co_name == "task_wrapper"
-                )
-        _PASS_THROUGH = frozenset(codes)
+    if _PASS_THROUGH is not None:
+        return _PASS_THROUGH
+    backend = sys.modules.get("anyio._backends._asyncio")
+    if backend is None:
+        return _BASE_PASS_THROUGH
+    codes = set(_BASE_PASS_THROUGH)
+    with contextlib.suppress(AttributeError, KeyError):  # (anyio < 4.11: no TaskHandle)
+        codes.add(sys.modules["anyio._core._tasks"].TaskHandle._run_coro.__code__)
+    with contextlib.suppress(AttributeError):
+        codes.update(
+            const
+            for const in backend.AsyncIOBackend.run_async_from_thread.__code__.co_consts
+            if isinstance(const, CodeType) and const.co_name == "task_wrapper"
+        )
+    _PASS_THROUGH = frozenset(codes)
     return _PASS_THROUGH
 
 
+_BASE_PASS_THROUGH: Final[frozenset[object]] = frozenset(
+    () if _HELPER_TASKS else (_WAIT_FOR_CODE,)
+)
 _PASS_THROUGH: frozenset[object] | None = None
 
 

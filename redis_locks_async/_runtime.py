@@ -207,8 +207,8 @@ async def pipelined(
     given it — on ``client``, the one server it reaches (through a cluster client a ``SCRIPT
     LOAD`` goes to every primary, and waited for a stopped one) — and those calls are sent
     again; a failure there is those calls' reply. Each of those round trips is bounded by
-    ``bound`` too (the server answered the first: not a silent connection; one bound for the
-    three lost leases under a steady latency of a sixth of them — helper-62)."""
+    ``bound`` too (the server answered the first: not a silent connection; one bound for all
+    three lost the lease under a steady latency of a sixth of it — helper-62)."""
     replies = await _pipelined_once(client, calls, bound)
     redo = [k for k, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if redo:

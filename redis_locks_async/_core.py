@@ -1175,7 +1175,8 @@ class LockBase:
                 f"cannot transfer {self._name!r}: the target task has already ended",
                 name=self._name,
             )
-        if task.get_loop() is not runtime.loop:
+        target_loop = getattr(task, "get_loop", None)
+        if target_loop is not None and target_loop() is not runtime.loop:
             # (Its end would be seen on the other loop's thread, and its release() would not
             # find the hold: locks of a client are used on the loop it serves; helper-63.)
             raise LockError(

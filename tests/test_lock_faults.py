@@ -24,7 +24,7 @@ import secrets
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import pytest
@@ -74,6 +74,28 @@ async def until(predicate: Callable[[], object], *, what: str, within: float = 5
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {within} s waiting for {what}")
         await asyncio.sleep(0.002)
+
+
+class Takeable(Protocol):
+    """What :func:`rival_takes` needs of a lock object (every primitive has it)."""
+
+    async def acquire(self, *, blocking: bool = ...) -> bool: ...
+
+    async def release(self) -> None: ...
+
+
+async def rival_takes(lock: Takeable, stop_at: float, hold: float = 0.0) -> float | None:
+    """Try ``lock`` every 2 ms until ``stop_at`` (loop time); once taken, hold it ``hold``
+    seconds and release it: the loop time it was taken at, or ``None``."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < stop_at:
+        if await lock.acquire(blocking=False):
+            taken_at = loop.time()
+            await asyncio.sleep(hold)
+            await lock.release()
+            return taken_at
+        await asyncio.sleep(0.002)
+    return None
 
 
 async def step(proxy: FaultProxy) -> None:
@@ -1393,24 +1415,15 @@ class TestLateReplies:
         assert not await late.acquire(blocking=False)
         assert not late.owned() and late.current_lease is None
         rival = make(client, 5.0)
-
-        async def contend() -> bool:
-            for _ in range(100):
-                if await rival.acquire(blocking=False):
-                    await asyncio.sleep(0.6)
-                    await rival.release()
-                    return True
-                await asyncio.sleep(0.02)
-            return False
-
-        contender = asyncio.create_task(contend())
+        loop = asyncio.get_running_loop()
+        contender = asyncio.create_task(rival_takes(rival, loop.time() + 2.0, hold=0.6))
         try:
             assert not await late.acquire(timeout=1.5)  # (every answer comes after its lease)
             assert not late.owned() and late.current_lease is None
         finally:
             took = await contender
             fault_proxy.delay(0)
-        assert took  # the rival's holds were never shared: the late answers were given up
+        assert took is not None  # the rival's hold was never shared: the late answers were given up
         await settle(proxied)
 
 

@@ -19,6 +19,7 @@ from redis_locks_async import _renewal as renewal
 from redis_locks_async._lock import LOCK_REENTER, LOCK_RENEW
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
+from tests.test_lock_faults import rival_takes
 
 KINDS = [Lock, FairLock]
 
@@ -232,18 +233,6 @@ async def test_owned_is_false_once_the_task_gave_its_hold_up(
     fault_proxy.heal()
 
 
-async def _rival_takes(lock: Lock, stop_at: float) -> float | None:
-    """Try ``lock`` every 2 ms until ``stop_at`` (loop time); when it was taken, or ``None``."""
-    loop = asyncio.get_running_loop()
-    while loop.time() < stop_at:
-        if await lock.acquire(blocking=False):
-            taken_at = loop.time()
-            await lock.release()
-            return taken_at
-        await asyncio.sleep(0.002)
-    return None
-
-
 async def test_loss_is_signalled_by_the_lease_end_while_a_renewal_is_unanswered(
     proxied: aioredis.Redis, fault_proxy: FaultProxy, client: aioredis.Redis, name: str
 ) -> None:
@@ -257,7 +246,7 @@ async def test_loss_is_signalled_by_the_lease_end_while_a_renewal_is_unanswered(
     with pytest.raises(LockLostError):
         async with lock.guarded():
             fault_proxy.blackhole()  # every renewal from now on goes unanswered
-            taking = asyncio.create_task(_rival_takes(rival, loop.time() + 3.0))
+            taking = asyncio.create_task(rival_takes(rival, loop.time() + 3.0))
             await asyncio.sleep(10)  # cancelled when the loss is signalled
     block_ended_at = loop.time()
     taken_at = await taking

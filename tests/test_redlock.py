@@ -38,7 +38,7 @@ from tests._workers import assert_exclusive, contend, worker_process
 from tests.conftest import ProxyFactory
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess, running_servers
-from tests.test_lock_faults import HoldingTask
+from tests.test_lock_faults import HoldingTask, rival_takes
 
 REPO = Path(__file__).resolve().parent.parent
 MASTERS = 5
@@ -682,22 +682,13 @@ class TestLease:
         )
         rival = RedLock(inspectors[:3], name, lease=5.0)
 
-        async def rival_takes() -> float | None:
-            while loop.time() < stop_at:
-                if await rival.acquire(blocking=False):
-                    taken_at = loop.time()
-                    await rival.release()
-                    return taken_at
-                await asyncio.sleep(0.002)
-            return None
-
         try:
             with pytest.raises(LockLostError):
                 async with lock.guarded():
                     proxies[1].blackhole()
                     proxies[2].blackhole()
                     stop_at = loop.time() + lease + 2.0
-                    taking = asyncio.create_task(rival_takes())
+                    taking = asyncio.create_task(rival_takes(rival, stop_at))
                     await asyncio.sleep(10)  # cancelled when the loss is told
             block_ended_at = loop.time()
             taken_at = await taking

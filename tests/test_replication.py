@@ -23,6 +23,7 @@ from redis_locks_async import Lock, LockError
 from tests import _introspect
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
+from tests.test_lock_faults import rival_takes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -218,20 +219,13 @@ async def test_replica_sync_that_outlasts_the_lease_fails(pair: Pair) -> None:
         pair.replica.pause()  # the link stays: the replica acknowledges once resumed
         resume = asyncio.get_running_loop().call_later(1.0, pair.replica.resume)
         rival = Lock(rival_client, "s4:short", lease=5.0)
-
-        async def contend() -> bool:
-            for _ in range(250):
-                if await rival.acquire(blocking=False):
-                    await rival.release()
-                    return True
-                await asyncio.sleep(0.02)
-            return False
-
-        contender = asyncio.create_task(contend())
+        loop = asyncio.get_running_loop()
+        contender = asyncio.create_task(rival_takes(rival, loop.time() + 5.0))
         try:
             with pytest.raises(LockError, match="lease ended while the replicas were awaited"):
                 await lock.acquire(timeout=5)
-            assert await asyncio.wait_for(contender, 5)  # (the lock was free to take)
+            taken = await asyncio.wait_for(contender, 5)
+            assert taken is not None  # (the lock was free to take)
         finally:
             resume.cancel()
             pair.replica.resume()

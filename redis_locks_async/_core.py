@@ -873,10 +873,8 @@ class LockBase:
         open a connection the closed client no longer tracks; helper-65)."""
         asyncio_task("inspect", self._name)
         runtime = self._existing()
-        if runtime is not None and runtime.closed:
-            raise LockError(
-                f"cannot inspect {self._name!r}: the redis client was closed", name=self._name
-            )
+        if runtime is not None:
+            self._check_open(runtime, "inspect")
         try:
             return await asyncio.wait_for(self._policy.locked(self._redis), TRY_BOUND)
         except asyncio.TimeoutError as exc:
@@ -1581,10 +1579,10 @@ class LockBase:
 
     # -- acquire ---------------------------------------------------------------------------
 
-    def _check_open(self, runtime: Runtime) -> None:
+    def _check_open(self, runtime: Runtime, action: str = "acquire") -> None:
         if runtime.closed:
             raise LockError(
-                f"cannot acquire {self._name!r}: the redis client was closed", name=self._name
+                f"cannot {action} {self._name!r}: the redis client was closed", name=self._name
             )
 
     def _check_other_clients(self, runtime: Runtime, task: asyncio.Task[Any]) -> None:

@@ -1734,6 +1734,12 @@ class LockBase:
             return await self._wait(runtime, task, owner, deadline, arrival, first=True)
         return await self._wait(runtime, task, owner, deadline, arrival)
 
+    def _over(self, expires_at: float, now: float) -> bool:
+        """Whether a hold whose server lease ends at ``expires_at`` (loop time) can no longer
+        be vouched for at ``now``: the policy's margin (RedLock's clock drift) is kept, as
+        the hold's own local end keeps it (:meth:`_hold`)."""
+        return expires_at - self._policy.margin(self._lease) <= now
+
     def _adopt(
         self, runtime: Runtime, task: asyncio.Task[Any], owner: str, reply: Reply, sent_at: float
     ) -> bool:
@@ -1747,7 +1753,7 @@ class LockBase:
         lease_ms = self._lease_ms
         ttl = reply.ttl_ms if 0 <= reply.ttl_ms <= lease_ms else lease_ms
         expires_at = sent_at + ttl / 1000
-        if expires_at - self._policy.margin(self._lease) <= runtime.loop.time():
+        if self._over(expires_at, runtime.loop.time()):
             logger.warning(
                 "acquiring %r: the server's answer came after the lease it gave had ended "
                 "(%.3g s after the attempt was sent); given up",
@@ -1981,10 +1987,7 @@ class LockBase:
                         self._check_open(runtime)
                         grant, waiter.grant = waiter.grant, None
                         expires_at = _claim_end(grant, since)
-                        if (
-                            expires_at is None
-                            or expires_at - self._policy.margin(self._lease) <= loop.time()
-                        ):
+                        if expires_at is None or self._over(expires_at, loop.time()):
                             break  # heard too late to vouch for: ask the server (re-attempt)
                         self._hold(runtime, task, owner, grant.token, expires_at, True)
                         acquired = True

@@ -19,6 +19,10 @@ if not expiry or tonumber(expiry) < now_ms then
 end
 announce_if_shorter(ARGV[3], ARGV[4], tonumber(expiry), now_ms + lease)
 redis.call('ZADD', holders, 'XX', now_ms + lease, me)
-keep(holders, lease)
+-- Always written, even when it changes nothing (run in the same server millisecond as the
+-- hand-over or acquisition it renews, the ZADD above is not propagated): replica sync's WAIT
+-- follows this script on its connection and counts the replicas that acknowledged that
+-- connection's last *propagated* write — with nothing propagated here, an earlier one.
+redis.call('PEXPIRE', holders, math.max(redis.call('PTTL', holders), lease))
 keep(meta, lease + AUX_TAIL_MS)
 return 1

@@ -14,12 +14,13 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 
-from redis_locks_async import Lock, LockError
+from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
 from tests import _introspect
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
@@ -294,6 +295,58 @@ async def test_replica_sync_reports_the_acknowledgements(pair: Pair) -> None:
             assert plain.replicas is None
     finally:
         await replica.aclose()
+        await client.aclose()
+
+
+async def test_the_renewal_replica_sync_waits_on_always_reaches_the_replication_stream(
+    pair: Pair,
+) -> None:
+    """Bug (a suspicion of helper-59, shown at the script level): replica sync pipelines the
+    kind's renewal and a ``WAIT``, which counts acknowledgements of the *connection's* last
+    write that reached the replication stream. ``sem_renew.lua`` run in the same server
+    millisecond as the write it renews (a hand-over, an acquisition on another pooled
+    connection) changed nothing — the same score, a TTL already long enough — so nothing
+    was propagated, and the ``WAIT`` counted a stopped replica that had acknowledged some
+    earlier write (Valkey 8.1: 3 of 12 tries). Every kind's renewal now always writes."""
+    client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
+    rw = ReadWriteLock(client, "s4:rw", lease=5.0, auto_renew=False)
+    kinds: dict[str, Any] = {
+        "Lock": Lock(client, "s4:lock", lease=5.0, auto_renew=False),
+        "FairLock": FairLock(client, "s4:fair", lease=5.0, auto_renew=False),
+        "read": rw.read,
+        "write": ReadWriteLock(client, "s4:rw2", lease=5.0, auto_renew=False).write,
+        "Semaphore": Semaphore(client, "s4:sem", 2, lease=5.0, auto_renew=False),
+    }
+    for lock in kinds.values():
+        await client.script_load(lock._policy.renew("x", 5.0, None).script.code)
+    await asyncio.to_thread(pair.replica.pause)  # the link stays: the master counts it
+    counted: dict[str, int] = {}
+    try:
+        for label, lock in kinds.items():
+            counted[label] = 0
+            for _ in range(25):
+                # A connection that never wrote: every replica has acknowledged "its last
+                # write", so WAIT counts the stopped one unless the renewal propagates.
+                other = aioredis.Redis(
+                    host=pair.master.host, port=pair.master.port, single_connection_client=True
+                )
+                try:
+                    await other.ping()
+                    assert await lock.acquire()
+                    assert lock.current_lease is not None
+                    owner = _introspect.lease_owner_id(lock.current_lease)
+                    call = lock._policy.renew(owner, 5.0, None)
+                    # (right after the acquisition: often in the same server millisecond)
+                    await other.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+                    counted[label] += await other.execute_command(  # type: ignore[no-untyped-call]
+                        "WAIT", 1, 20
+                    )
+                    await lock.release()
+                finally:
+                    await other.aclose()
+        assert counted == dict.fromkeys(counted, 0)
+    finally:
+        pair.replica.resume()
         await client.aclose()
 
 

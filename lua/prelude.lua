@@ -42,7 +42,8 @@ local function next_fence(meta, now)
     return math.max(last + 1, now)
 end
 
--- What a release leaves behind in `meta`: the token it ended (the fence floor); its owner, in
+-- What a release leaves behind in `meta`: the token it ended (the fence floor, if higher than
+-- the one recorded); its owner, in
 -- the ring of the RECENT_RELEASES latest releases of the lock (fields r0..r15, the slot from the
 -- counter n; each the owner id's last 16 hex digits, 64 random bits), so that the same release
 -- re-sent by a retrying client reports "released", not "lost", also after others took and
@@ -62,9 +63,13 @@ end
 -- (read here: the ring slot). Reads `meta` (type check). A release that hands the lock over
 -- gives them to grant_batch (hint.fields), which writes them with its own in one HSET.
 local function release_fields(meta, token, owner, shared)
-    -- (HGET + HSET, not HINCRBY: the documented ACL grants no more than that)
-    local n = (tonumber(redis.call('HGET', meta, 'n')) or 0) + 1
-    local fields = {'fence', token, 'n', n, 'r' .. (n % RECENT_RELEASES), release_mark(owner)}
+    -- (HMGET + HSET, not HINCRBY: the documented ACL grants no more than that)
+    local known = redis.call('HMGET', meta, 'n', 'fence')
+    local n = (tonumber(known[1]) or 0) + 1
+    -- The fence never goes down: where several hold at once, the last to release may hold an
+    -- older token than one issued since (helper-71); a token not known (0) records nothing new.
+    local fence = int(math.max(tonumber(token) or 0, tonumber(known[2]) or 0))
+    local fields = {'fence', fence, 'n', n, 'r' .. (n % RECENT_RELEASES), release_mark(owner)}
     if shared then
         if redis.call('HGET', meta, 'c') == owner then
             fields[#fields + 1], fields[#fields + 2] = 'c', ''
@@ -239,8 +244,10 @@ local function evict_vanished(meta, queue, channel, sharded, holds)
     if not grantee or grantee == '' or (holds and holds(grantee)) then
         return
     end
-    redis.call('HSET', meta, 'c', '')
+    -- (drop_process reads the queue before anything is written: a queue of the wrong type
+    -- fails the script with nothing changed — helper-71: meta's c was cleared first)
     drop_process(meta, queue, channel, sharded, string.sub(grantee, 1, PROCESS_TAG_LEN))
+    redis.call('HSET', meta, 'c', '')
 end
 
 local function parse_registration(entry)

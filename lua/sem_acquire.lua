@@ -16,7 +16,8 @@
 -- A grantee that holds nothing any more yet never released gets its process's registrations
 -- dropped first, with "x:<process tag>" announced (prelude.lua, evict_vanished).
 -- returns  {1, token, 1, ttl}  ARGV[1] holds a permit (taken now, handed over while it waited,
---                              or by an earlier run of this very call)
+--                              or by an earlier run of this very call); a permit whose token
+--                              record is gone (meta evicted) gets a new token
 --          {0, at, 0, ttl}     no permit is free; ttl: when the first held one ends at the
 --                              latest; at: as in lock_acquire.lua
 --          {-1, 0, 0, 0}       ARGV[1] already gave up: a late duplicate; nothing changed
@@ -32,7 +33,15 @@ local permits = tonumber(redis.call('HGET', meta, 'permits'))
 redis.call('ZSCORE', queue, me)  -- reads every key before the first write (type check)
 local mine = redis.call('ZSCORE', holders, me)
 if mine and tonumber(mine) >= now_ms then
-    return {1, tonumber(redis.call('HGET', meta, 't:' .. me) or '0'), 1, tonumber(mine) - now_ms}
+    local token = tonumber(redis.call('HGET', meta, 't:' .. me))
+    if not token then
+        -- Its record went with meta (evicted, deleted) since the permit was handed over: a
+        -- new token, above every one issued (next_fence's floor from server time), never 0.
+        token = next_fence(meta, now)
+        redis.call('HSET', meta, 'fence', int(token), 't:' .. me, int(token))
+        keep(meta, tonumber(mine) - now_ms + AUX_TAIL_MS)
+    end
+    return {1, token, 1, tonumber(mine) - now_ms}
 end
 if is_done(done, me) then
     return {-1, 0, 0, 0}

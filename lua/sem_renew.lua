@@ -7,7 +7,7 @@
 --          there ("r": re-check), see prelude.lua, announce_if_shorter
 -- ARGV[4]  "1" to announce with SPUBLISH (sharded pub/sub), anything else PUBLISH
 -- returns  1 renewed, 0 ARGV[1] holds no permit any more (its lease ended): lost
--- Idempotent. Keeps the semaphore's keys alive as long as the lease.
+-- Idempotent. Keeps the semaphore's keys alive as long as the lease (meta: if it is a hash).
 
 local holders, meta, me = KEYS[1], KEYS[2], ARGV[1]
 local lease = tonumber(ARGV[2])
@@ -24,5 +24,9 @@ redis.call('ZADD', holders, 'XX', now_ms + lease, me)
 -- follows this script on its connection and counts the replicas that acknowledged that
 -- connection's last *propagated* write — with nothing propagated here, an earlier one.
 redis.call('PEXPIRE', holders, math.max(redis.call('PTTL', holders), lease))
-keep(meta, lease + AUX_TAIL_MS)
+if redis.call('TYPE', meta)['ok'] == 'hash' then
+    -- (a key of another type put at meta's name is not ours: it is never given a TTL
+    -- (helper-71); the permit's release fails naming it, and changes nothing)
+    keep(meta, lease + AUX_TAIL_MS)
+end
 return 1

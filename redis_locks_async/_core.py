@@ -871,20 +871,33 @@ class LockBase:
         attempt: no answer within a second (a paused server, a partition) is a
         :class:`LockError`. On a client closed on this loop, :class:`LockError` too (it would
         open a connection the closed client no longer tracks; helper-65)."""
-        asyncio_task("inspect", self._name)
-        runtime = self._existing()
-        if runtime is not None:
-            self._check_open(runtime, "inspect")
+        return await self._ask(self._policy.locked(self._redis), "inspect")
+
+    async def _ask(self, call: Coroutine[Any, Any, _T], action: str, unsure: str = "") -> _T:
+        """Await ``call``, one exchange with the server on behalf of the calling task
+        (``locked()``, a semaphore's ``free_permits()``/``set_permits()``), bounded like a
+        single attempt: no answer within TRY_BOUND is a :class:`LockError` (``unsure`` says
+        what may have happened all the same), a Redis error is translated; refused on a
+        client closed on this loop (it would open a connection the closed client no longer
+        tracks; helper-65)."""
         try:
-            return await asyncio.wait_for(self._policy.locked(self._redis), TRY_BOUND)
+            asyncio_task(action, self._name)
+            runtime = self._existing()
+            if runtime is not None:
+                self._check_open(runtime, action)
+        except BaseException:
+            call.close()
+            raise
+        try:
+            return await asyncio.wait_for(call, TRY_BOUND)
         except asyncio.TimeoutError as exc:
             raise LockError(
-                f"cannot inspect {self._name!r}: no reply from the server within "
-                f"{TRY_BOUND:g} s{_NO_REPLY}{recent_failure(self._redis, TRY_BOUND)}",
+                f"cannot {action} {self._name!r}: no reply from the server within "
+                f"{TRY_BOUND:g} s{_NO_REPLY}{recent_failure(self._redis, TRY_BOUND)}{unsure}",
                 name=self._name,
             ) from exc
         except (RedisError, OSError) as exc:
-            raise await self._explain(exc, "inspect") from exc
+            raise await self._explain(exc, action) from exc
 
     async def acquire(
         self, timeout: float | _Unset | None = UNSET, *, blocking: bool = True

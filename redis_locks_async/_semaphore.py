@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from typing import Any, Final, final
 
-from redis.exceptions import RedisError
-
 from ._core import Attempt, LockBase, Policy, asyncio_task
 from ._lease import LostCallback
 from ._scripts import Call, Script, ints, wrong_type_error
@@ -173,19 +171,18 @@ class Semaphore(LockBase):
 
     async def free_permits(self) -> int:
         """How many permits are free right now, as the server sees it (may be negative after
-        a decrease, until enough holders leave)."""
-        asyncio_task("inspect", self._name)
+        a decrease, until enough holders leave). Bounded like :meth:`locked`: no answer
+        within about a second is a :class:`LockError`."""
         policy = self._policy
         assert isinstance(policy, SemaphorePolicy)
-        try:
-            return await policy.free(self._redis)
-        except (RedisError, OSError) as exc:
-            raise await self._explain(exc, "inspect") from exc
+        return await self._ask(policy.free(self._redis), "inspect")
 
     async def set_permits(self, permits: int) -> None:
         """Change the permit count for every user of this semaphore (``permits`` >= 1).
 
         More permits are handed to waiting tasks at once; fewer take effect as holders leave.
+        Bounded like :meth:`locked`: no answer within about a second is a :class:`LockError`
+        (the new count may have been recorded all the same; setting it again is harmless).
         """
         count = _check_permits(permits)
         asyncio_task("set the permits of", self._name)
@@ -194,12 +191,12 @@ class Semaphore(LockBase):
         runtime = self._runtime()
         keys = policy.keys
         sharded = "1" if runtime.topology.sharded else "0"
-        try:
-            reply = await SEM_ADMIN.run(
-                self._redis, keys.script_keys, ("set", count, keys.wire_channel, sharded)
-            )
-        except (RedisError, OSError) as exc:
-            raise await self._explain(exc, "set permits of") from exc
+        args = ("set", count, keys.wire_channel, sharded)
+        reply = await self._ask(
+            SEM_ADMIN.run(self._redis, keys.script_keys, args),
+            "set permits of",
+            "; the new count may have been recorded all the same",
+        )
         if ints(reply, 2)[0] == -2:
             raise wrong_type_error(self._name, "set permits of", keys.key)
         self._permits = policy.permits = count

@@ -35,6 +35,7 @@ from redis_locks_async import (
     ReadWriteLock,
     Semaphore,
 )
+from redis_locks_async._keys import LockKeys
 from redis_locks_async.cli import main
 from tests import _introspect as introspect
 from tests.servers import free_port
@@ -321,6 +322,45 @@ class TestInspect:
             assert wrong.code == 2, wrong
             assert "not a Semaphore" in wrong.err, wrong
         finally:
+            await lock.release()
+
+
+    async def test_an_auxiliary_key_of_the_wrong_type_is_named(
+        self, client: aioredis.Redis, redis_url: str, name: str
+    ) -> None:
+        """Bug (helper-71): a user's string at a held semaphore's meta key made ``inspect``
+        say the semaphore's valid holders set was "a zset that is not a lock", and
+        ``--kind sem`` / ``force-unlock`` blame it too; a wrong-type queue of a ``Lock`` was
+        shown as "0 waiters". The error names the auxiliary key now; ``list`` still shows such
+        a lock (read as it can be)."""
+        sem = Semaphore(client, name, 2, lease=HOLD_LEASE)
+        await _hold(sem)
+        meta = LockKeys.for_name(name, "sem").meta
+        try:
+            await client.delete(meta)
+            await client.set(meta, "user data")
+            for args in (("inspect", name), ("inspect", name, "--kind", "sem")):
+                result = await cli(redis_url, *args)
+                assert result.code == 2, result
+                assert "sem.meta" in result.err and "wrong type" in result.err, result
+                assert "not a lock" not in result.err, result
+            forced = await cli(redis_url, "force-unlock", name, "--kind", "sem", "--yes")
+            assert forced.code == 2 and "sem.meta" in forced.err, forced
+            assert await client.zcard(name) == 1  # (nothing was forced)
+        finally:
+            await client.delete(meta)
+            await sem.release()
+        lock = Lock(client, name)
+        await _hold(lock)
+        queue = LockKeys.for_name(name, "lock").queue
+        try:
+            await client.set(queue, "user data")
+            result = await cli(redis_url, "inspect", name)
+            assert result.code == 2 and "queue" in result.err, result
+            listed = await cli(redis_url, "list", name)
+            assert listed.code == 0 and name in listed.out, listed
+        finally:
+            await client.delete(queue)
             await lock.release()
 
 

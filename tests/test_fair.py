@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redis_locks_async import FairLock, Lease, Lock
+from redis_locks_async import FairLock, Lease, Lock, LockError
 from redis_locks_async._fair import FAIR_ACQUIRE
 from redis_locks_async._keys import LockKeys
 from redis_locks_async._lock import LOCK_RELEASE
@@ -199,6 +199,23 @@ class TestFairLock:
         await holder.release()
         await asyncio.wait_for(asyncio.gather(*early, late, return_exceptions=True), 10)
         assert grants == [f"b{i}" for i in range(29)] + ["a"]
+
+    async def test_a_queue_of_the_wrong_type_fails_an_attempt_with_nothing_changed(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (helper-71): with a grantee on record that holds nothing (its claim or lease
+        ran out, meta field ``c``) and a user's string at the queue key, an attempt cleared
+        ``c`` in meta and only then failed on the queue — "nothing was changed", yet meta
+        had changed. Every key is read before the first write now."""
+        keys = LockKeys.for_name(name, "lock")
+        await client.hset(keys.meta, mapping={"c": "f" * 40, "fence": 7})
+        await client.set(keys.queue, "user data")
+        before = await client.hgetall(keys.meta)
+        with pytest.raises(LockError, match="queue"):
+            await FairLock(client, name).acquire(blocking=False)
+        assert await client.hgetall(keys.meta) == before
+        assert await client.get(keys.queue) == b"user data"
+        await client.delete(keys.meta, keys.queue)
 
     async def test_a_newcomer_never_barges_in(
         self, connect: Connect, client: aioredis.Redis, name: str

@@ -1289,6 +1289,32 @@ class TestRenewal:
             fault_proxy.heal()
         assert await lock.locked() is False
 
+    @pytest.mark.parametrize("call", ["free_permits", "set_permits"])
+    async def test_a_semaphores_server_calls_are_bounded_like_locked(
+        self, fault_proxy: FaultProxy, proxied: aioredis.Redis, name: str, call: str
+    ) -> None:
+        """Bug (helper-70): ``Semaphore.free_permits()`` and ``set_permits()`` had no bound of
+        their own: on a silent server a minute under redis-py's default retry, for ever with
+        ``socket_timeout=None`` — where ``locked()``, listed beside them, gives up after about
+        a second. They are bounded the same way now."""
+        sem = Semaphore(proxied, name, 2)
+        assert await sem.free_permits() == 2
+
+        async def run() -> object:
+            return await (sem.free_permits() if call == "free_permits" else sem.set_permits(3))
+
+        loop = asyncio.get_running_loop()
+        fault_proxy.blackhole()
+        started = loop.time()
+        try:
+            with pytest.raises(LockError, match=r"no reply from the server"):
+                await run()
+            assert loop.time() - started < 1.5
+        finally:
+            fault_proxy.heal()
+        await sem.set_permits(3)
+        assert await sem.free_permits() == 3
+
     @pytest.mark.parametrize(
         "socket_timeout",
         [pytest.param(None, id="no-socket-timeout"),

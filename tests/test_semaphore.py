@@ -247,6 +247,73 @@ class TestSemaphore:
             await small.aclose()
 
 
+class TestTokensAndForeignKeys:
+    """helper-71's findings on a semaphore's meta hash (tokens, fence, a foreign key there)."""
+
+    async def test_a_permit_whose_token_record_is_gone_gets_a_new_token(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug: a permit re-checked (a re-sent acquire, a waiter that missed its hand-over's
+        message) after the meta hash was evicted or deleted was answered with fencing token
+        **0** — the token lives in meta only — and its release then recorded 0 as the fence."""
+        keeper = Semaphore(client, name, 3, lease=10)
+        assert await keeper.acquire()
+        assert keeper.current_lease is not None
+        first = keeper.current_lease.fencing_token
+        policy = keeper._policy
+        attempt = Attempt("ab" * 20, 10_000, False, 2000, 2000, False, "")
+        taken = await policy.attempt(attempt).run(client)
+        assert isinstance(taken, list) and taken[0] == 1 and int(taken[1]) > first
+        await client.delete(policy.keys.meta)  # (evicted)
+        again = await policy.attempt(attempt).run(client)  # the same call, re-sent
+        assert isinstance(again, list) and again[0] == 1
+        assert int(again[1]) > int(taken[1])
+        released = await policy.release(attempt.owner, "final", "", False).run(client)
+        assert isinstance(released, list) and released[0] == 0
+        assert int(await client.hget(policy.keys.meta, "fence") or 0) == int(again[1])
+        assert await keeper.acquire()
+        assert keeper.current_lease is not None
+        assert keeper.current_lease.fencing_token > int(again[1])
+        await keeper.release()
+        await keeper.release()
+
+    async def test_the_fence_never_goes_down_when_an_older_permit_is_released_last(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (a suspicion of helper-71): a release recorded its own token as the fence
+        floor, so the older of two permits, released last, lowered it below a token already
+        issued (tokens stayed increasing only through the floor from server time)."""
+        sem = Semaphore(client, name, 2, lease=10)
+        older = HoldingTask(sem)
+        first = await older.wait_acquired()
+        newer = HoldingTask(sem)
+        second = await newer.wait_acquired()
+        assert first is not None and second is not None
+        assert first.fencing_token < second.fencing_token
+        await newer.end()
+        await older.end()
+        meta = LockKeys.for_name(name, "sem").meta
+        assert int(await client.hget(meta, "fence") or 0) == second.fencing_token
+
+    async def test_a_renewal_gives_no_ttl_to_a_foreign_key_at_meta(
+        self, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug: with a user's string at the semaphore's meta key, ``extend()`` (and every
+        renewal) gave that key a TTL — it vanished a minute later. A renewal leaves a key
+        of another type alone; the release refuses it, naming it, and changes nothing."""
+        sem = Semaphore(client, name, 2, lease=10)
+        assert await sem.acquire()
+        meta = LockKeys.for_name(name, "sem").meta
+        await client.delete(meta)
+        await client.set(meta, "user data")
+        await sem.extend(20)
+        assert await client.pttl(meta) == -1
+        with pytest.raises(LockError, match=r"sem\.meta"):
+            await sem.release()
+        assert await client.get(meta) == b"user data"
+        await client.delete(meta, name)
+
+
 class TestDeadGrantees:
     @pytest.mark.parametrize("kind", ["sem", "rw"])
     async def test_every_local_waiter_gets_in_once_dead_grantees_claims_end(

@@ -43,6 +43,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from .._keys import AUX_SEPARATOR, LockKeys
+from .._scripts import key_text
 
 __all__ = (
     "KINDS",
@@ -304,6 +305,8 @@ class _Snapshot:
     now_us: int
     metas: dict[str, dict[bytes, bytes]]
     queues: dict[str, list[tuple[bytes, float]]]
+    # per kind, its auxiliary keys that hold a value of another type (read as empty above)
+    wrong: dict[str, tuple[str | bytes, ...]]
 
 
 async def _snapshot(client: aioredis.Redis, name: str) -> _Snapshot:
@@ -328,9 +331,17 @@ async def _snapshot(client: aioredis.Redis, name: str) -> _Snapshot:
         return empty if isinstance(reply, Exception) else reply
 
     metas, queues = {}, {}
+    wrong: dict[str, tuple[str | bytes, ...]] = {}
     for index, kind in enumerate(KINDS):
-        metas[kind] = ok(replies[5 + 2 * index], {})
-        queues[kind] = ok(replies[6 + 2 * index], [])
+        keys = LockKeys.for_name(name, kind)
+        meta, queue = replies[5 + 2 * index], replies[6 + 2 * index]
+        metas[kind] = ok(meta, {})
+        queues[kind] = ok(queue, [])
+        wrong[kind] = tuple(
+            key
+            for key, reply in ((keys.meta, meta), (keys.queue, queue))
+            if isinstance(reply, Exception)
+        )
     return _Snapshot(
         key_type=_text(replies[0]),
         fields=ok(replies[3], {}),
@@ -339,6 +350,7 @@ async def _snapshot(client: aioredis.Redis, name: str) -> _Snapshot:
         now_us=int(seconds) * 1_000_000 + int(micros),
         metas=metas,
         queues=queues,
+        wrong=wrong,
     )
 
 
@@ -447,14 +459,19 @@ def _waiters(kind: str, snap: _Snapshot) -> list[Waiter]:
     return found
 
 
-async def read_view(client: aioredis.Redis, name: str, kind: str | None = None) -> LockView:
+async def read_view(
+    client: aioredis.Redis, name: str, kind: str | None = None, *, strict: bool = True
+) -> LockView:
     """The lock ``name`` as the server has it now, read as ``kind`` (default: detected).
 
     Raises :class:`CliError` when the key exists but is not a lock of this library (of
-    ``kind``, when given).
+    ``kind``, when given), and — ``strict`` — when one of its auxiliary keys holds a value
+    of another type (naming that key; not ``strict``: read as empty, as ``list`` shows it).
     """
     snap = await _snapshot(client, name)
     found = detect(snap)
+    if found == "" and snap.key_type == "zset" and snap.wrong["sem"] and kind in (None, "sem"):
+        found = "sem"  # (a semaphore's holders, whose meta cannot tell it: named below)
     if kind is None:
         if found == "":
             raise CliError(f"{name!r} is a {snap.key_type} that is not a lock of redis-locks-async")
@@ -463,7 +480,12 @@ async def read_view(client: aioredis.Redis, name: str, kind: str | None = None) 
         what = f"a {KIND_TITLES[found]}" if found else f"a {snap.key_type} that is no lock"
         raise CliError(f"{name!r} is not a {KIND_TITLES[kind]} (--kind {kind}): it is {what}")
     if kind is None:
+        aux = next((keys for keys in snap.wrong.values() if keys), ())
+        if aux and strict:
+            raise _wrong_type(name, aux[0])
         return LockView(name, None, (), (), None, None)
+    if snap.wrong[kind] and strict:
+        raise _wrong_type(name, snap.wrong[kind][0])
     meta = snap.metas[kind]
     return LockView(
         name=name,
@@ -472,6 +494,13 @@ async def read_view(client: aioredis.Redis, name: str, kind: str | None = None) 
         waiters=tuple(_waiters(kind, snap)),
         fence=_int(meta[b"fence"]) if b"fence" in meta else None,
         permits=_int(meta[b"permits"]) if kind == "sem" and b"permits" in meta else None,
+    )
+
+
+def _wrong_type(name: str, key: str | bytes) -> CliError:
+    return CliError(
+        f"{name!r} cannot be read: its key {key_text(key)!r} holds a value of the wrong type "
+        "(foreign data, not written by redis-locks-async)"
     )
 
 
@@ -623,7 +652,7 @@ async def find_locks(
                 ):
                     continue
                 try:
-                    view = await read_view(client, name)
+                    view = await read_view(client, name, strict=False)
                 except CliError:
                     continue  # not a lock after all, or changed meanwhile
                 if view.kind is None or not view.held:

@@ -288,7 +288,10 @@ def test_a_lane_left_open_by_an_ended_run_gives_its_connection_back(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)  # (see the test above)
-        asyncio.run(burst())
+        for _ in range(3):  # (a loaded machine may let the lane's idle time pass first)
+            asyncio.run(burst())
+            if pool._in_use_connections:
+                break
         assert pool._in_use_connections, "no lane was left open: the test proves nothing"
         asyncio.run(one_at_a_time())
         gc.collect()

@@ -14,7 +14,15 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import MaxConnectionsError
 
-from redis_locks_async import FairLock, Lock, LockError, LockLostError, LockNotOwnedError, Semaphore
+from redis_locks_async import (
+    FairLock,
+    Lock,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    ReadWriteLock,
+    Semaphore,
+)
 from redis_locks_async import _renewal as renewal
 from redis_locks_async._lock import LOCK_REENTER, LOCK_RENEW
 from tests import _introspect as introspect
@@ -732,3 +740,39 @@ async def test_a_loss_signalled_while_the_release_is_in_flight_stands(
     assert lock.current_lease is None and not lock.owned()
     await introspect.drain(proxied)
     assert not await lock.locked()
+
+
+@pytest.mark.parametrize("kind", ["Lock", "FairLock", "write", "Semaphore"])
+async def test_the_loss_is_signalled_while_the_server_still_has_the_lock(
+    client: aioredis.Redis, name: str, kind: str
+) -> None:
+    """Bug (helper-72): on one server the loss was signalled at the very end of the lease as
+    the client counts it (the renewal's send + the lease), a millisecond or two before the
+    server's — so ordinary event-loop lag at that moment ran ``on_lost`` after a rival's
+    acquire had returned. The local end is kept ``lease·0.01 + 2 ms`` short of the server's
+    now (as for RedLock): when ``on_lost`` runs, the server still has the hold and a rival
+    cannot take it yet."""
+    seen: list[bool] = []
+    done = asyncio.Event()
+
+    async def on_lost(_: object) -> None:
+        rival = {
+            "Lock": Lock(client, name), "FairLock": FairLock(client, name),
+            "write": ReadWriteLock(client, name).write, "Semaphore": Semaphore(client, name, 1),
+        }[kind]  # fmt: skip
+        seen.append(await rival.acquire(blocking=False))
+        done.set()
+        if seen[-1]:
+            await rival.release()
+
+    options: dict[str, Any] = {"lease": 3.0, "auto_renew": False, "on_lost": on_lost}
+    rw = ReadWriteLock(client, name, **options)
+    lock: Any = {
+        "Lock": Lock(client, name, **options), "FairLock": FairLock(client, name, **options),
+        "write": rw.write, "Semaphore": Semaphore(client, name, 1, **options),
+    }[kind]  # fmt: skip
+    assert await lock.acquire()
+    await asyncio.wait_for(done.wait(), 6)
+    assert seen == [False]  # (the rival's try came while the server still had the lock)
+    with pytest.raises(LockLostError):
+        await lock.release()

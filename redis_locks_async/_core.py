@@ -1750,11 +1750,13 @@ class LockBase:
             return await self._wait(runtime, task, owner, deadline, arrival, first=True)
         return await self._wait(runtime, task, owner, deadline, arrival)
 
-    def _over(self, expires_at: float, now: float) -> bool:
-        """Whether a hold whose server lease ends at ``expires_at`` (loop time) can no longer
-        be vouched for at ``now``: the policy's margin (RedLock's clock drift) is kept, as
-        the hold's own local end keeps it (:meth:`_hold`)."""
-        return expires_at - self._policy.margin(self._lease) <= now
+    def _over(self, expires_at: float, now: float, length: float) -> bool:
+        """Whether a hold whose server lease of ``length`` seconds ends at ``expires_at`` (loop
+        time) can no longer be vouched for at ``now``: the policy's margin for that length is
+        kept, as the hold's own local end keeps it (:meth:`_hold`). (The length granted, not
+        the lock's lease: a hand-over's claim window is far shorter, and a margin of the
+        lease's swallowed it — every grant "too late", passed on round the line; helper-75.)"""
+        return expires_at - self._policy.margin(length) <= now
 
     def _adopt(
         self, runtime: Runtime, task: asyncio.Task[Any], owner: str, reply: Reply, sent_at: float
@@ -1769,7 +1771,7 @@ class LockBase:
         lease_ms = self._lease_ms
         ttl = reply.ttl_ms if 0 <= reply.ttl_ms <= lease_ms else lease_ms
         expires_at = sent_at + ttl / 1000
-        if self._over(expires_at, runtime.loop.time()):
+        if self._over(expires_at, runtime.loop.time(), ttl / 1000):
             logger.warning(
                 "acquiring %r: the server's answer came after the lease it gave had ended "
                 "(%.3g s after the attempt was sent); given up",
@@ -1780,7 +1782,7 @@ class LockBase:
             return False
         # A TTL below the lease: the lock was handed over to this owner while it waited (the
         # announcement was missed) — confirm the hand-over at once.
-        self._hold(runtime, task, owner, reply.token, expires_at, ttl < lease_ms)
+        self._hold(runtime, task, owner, reply.token, expires_at, ttl < lease_ms, ttl / 1000)
         return True
 
     async def _wait(
@@ -2003,9 +2005,9 @@ class LockBase:
                         self._check_open(runtime)
                         grant, waiter.grant = waiter.grant, None
                         expires_at = _claim_end(grant, since)
-                        if expires_at is None or self._over(expires_at, loop.time()):
+                        if expires_at is None or self._over(expires_at, loop.time(), grant.ttl):
                             break  # heard too late to vouch for: ask the server (re-attempt)
-                        self._hold(runtime, task, owner, grant.token, expires_at, True)
+                        self._hold(runtime, task, owner, grant.token, expires_at, True, grant.ttl)
                         acquired = True
                         return True
                     if deadline is not None and loop.time() >= deadline:
@@ -2136,9 +2138,13 @@ class LockBase:
         token: int,
         expires_at: float,
         confirm: bool,
+        length: float,
     ) -> Hold:
+        """Make ``owner``'s hold of the lock this task's: its server lease of ``length``
+        seconds (the lease, or a hand-over's claim window) ends at ``expires_at``; the local
+        end is kept the policy's margin for that length short of it."""
         policy = self._policy
-        margin = policy.margin(self._lease)
+        margin = policy.margin(length)
         hold = Hold(
             key=policy.hold_key,
             name=self._name,

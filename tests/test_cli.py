@@ -36,6 +36,7 @@ from redis_locks_async import (
     Semaphore,
 )
 from redis_locks_async._keys import LockKeys
+from redis_locks_async._scripts import key_text
 from redis_locks_async.cli import main
 from tests import _introspect as introspect
 from tests.servers import free_port
@@ -342,7 +343,8 @@ class TestInspect:
             for args in (("inspect", name), ("inspect", name, "--kind", "sem")):
                 result = await cli(redis_url, *args)
                 assert result.code == 2, result
-                assert "sem.meta" in result.err and "wrong type" in result.err, result
+                assert f"key '{key_text(meta)}' holds" in result.err, result  # (as redis-cli)
+                assert "wrong type" in result.err, result
                 assert "not a lock" not in result.err, result
             forced = await cli(redis_url, "force-unlock", name, "--kind", "sem", "--yes")
             assert forced.code == 2 and "sem.meta" in forced.err, forced

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from redis_locks_async import _renewal as renewal
 from redis_locks_async._lock import LOCK_REENTER, LOCK_RENEW
 from tests import _introspect as introspect
 from tests.faultproxy import FaultProxy
-from tests.test_lock_faults import rival_takes
+from tests.test_lock_faults import HoldingTask, rival_takes
 
 KINDS = [Lock, FairLock]
 
@@ -776,3 +777,38 @@ async def test_the_loss_is_signalled_while_the_server_still_has_the_lock(
     assert seen == [False]  # (the rival's try came while the server still had the lock)
     with pytest.raises(LockLostError):
         await lock.release()
+
+
+@pytest.mark.parametrize(("lease", "claim"), [(300.0, 2.0), (5.0, 0.05)])
+@pytest.mark.parametrize("kind", ["Lock", "FairLock", "write", "Semaphore"])
+async def test_a_hand_over_is_taken_whatever_the_lease(
+    client: aioredis.Redis,
+    name: str,
+    kind: str,
+    lease: float,
+    claim: float,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bug (helper-75, a regression of the margin above): the margin was computed from the
+    lock's lease, not from what the server granted — a hand-over's claim window
+    (``claim_timeout``) is far shorter: with ``lease=300`` (margin 3 s) and the default
+    2 s window every grant was judged "answered after the lease it gave had ended", given up
+    and passed on round the line — no waiter ever got the lock, thousands of warnings."""
+    options: dict[str, Any] = {"lease": lease, "claim_timeout": claim}
+
+    def make() -> Any:
+        if kind == "write":
+            return ReadWriteLock(client, name, **options).write
+        if kind == "Semaphore":
+            return Semaphore(client, name, 1, **options)
+        return (Lock if kind == "Lock" else FairLock)(client, name, **options)
+
+    holder = make()
+    assert await holder.acquire()
+    waiter = HoldingTask(make(), timeout=3.0)
+    await asyncio.sleep(0.3)  # (waiting, registered)
+    with caplog.at_level(logging.WARNING, logger="redis_locks_async"):
+        await holder.release()
+        assert await waiter.wait_acquired(within=5.0) is not None
+        await waiter.end()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

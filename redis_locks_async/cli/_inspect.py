@@ -499,7 +499,7 @@ async def read_view(
 
 def _wrong_type(name: str, key: str | bytes) -> CliError:
     return CliError(
-        f"{name!r} cannot be read: its key {key_text(key)!r} holds a value of the wrong type "
+        f"{name!r} cannot be read: its key '{key_text(key)}' holds a value of the wrong type "
         "(foreign data, not written by redis-locks-async)"
     )
 

@@ -804,7 +804,9 @@ class LockBase:
             key = self._policy.hold_key
             # (list(): one step under the GIL, also when called from another thread)
             holds = list(runtime.holds.items())
-            held = sum(1 for (k, _), hold in holds if k == key and hold.live)
+            # (HELD only: a hold whose last release is on its way is no longer the task's —
+            # counted, a semaphore's statistics showed more holders than permits; helper-76)
+            held = sum(1 for (k, _), hold in holds if k == key and hold.state is HoldState.HELD)
         return LockStatistics(
             name=self._name,
             acquisitions=counters.acquisitions,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from redis_locks_async.cli._demo import _analyse, _Hold
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, free_port
 
 # What this checks does not depend on the server: `make test` runs it in its first pass only.
 pytestmark = pytest.mark.once
@@ -91,6 +92,33 @@ def test_demo_with_url_uses_that_server_and_cleans_up(server: ServerProcess) -> 
         check=True,
     ).stdout.split()
     assert leftovers == [], f"demo keys left on the server: {leftovers}"
+
+
+@pytest.mark.slow
+def test_demo_never_prints_the_password_of_its_url(server: ServerProcess) -> None:
+    """Bug (helper-76): the demo printed ``--url``/``$REDIS_URL`` as given — its title
+    ("server: … at redis://:secret@…") and its errors ("cannot reach …?password=secret") —
+    where every other command masks the password (README, *Permissions*)."""
+    import redis
+
+    secret = "pw-" + secrets.token_hex(8)
+    admin = redis.Redis.from_url(server.url)
+    admin.acl_setuser("rla-demo-user", enabled=True, passwords=[f"+{secret}"],
+                      keys=["*"], channels=["*"], commands=["+@all"])  # fmt: skip
+    try:
+        url = server.url.replace("redis://", f"redis://rla-demo-user:{secret}@")
+        result = _run_demo("--seconds", "2", "--workers", "2", "--tasks", "2", "--url", url)
+        _assert_clean_pass(result)
+        assert secret not in result.stdout + result.stderr
+        assert "rla-demo-user:***@" in result.stdout
+    finally:
+        admin.acl_deluser("rla-demo-user")
+        admin.close()
+    for unreachable in (f"redis://:{secret}@127.0.0.1:{free_port()}",
+                        f"redis://127.0.0.1:{free_port()}?password={secret}"):  # fmt: skip
+        failed = _run_demo("--seconds", "1", "--url", unreachable)
+        assert failed.returncode == 2, failed
+        assert "cannot reach" in failed.stderr and secret not in failed.stderr, failed.stderr
 
 
 _SCAN_DEMO_KEYS = """

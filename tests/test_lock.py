@@ -136,6 +136,37 @@ class TestAcquireRelease:
 
 
 class TestStatistics:
+    @pytest.mark.parametrize("kind", ["Lock", "Semaphore"])
+    async def test_held_never_counts_a_hold_whose_release_is_on_its_way(
+        self, client: aioredis.Redis, name: str, kind: str
+    ) -> None:
+        """Bug (helper-76): ``held`` counted holds whose last release was still in flight
+        (the hold is no longer the task's): during a hand-over a ``Semaphore(2)`` showed 3
+        holders — more than its permits."""
+        permits = 1 if kind == "Lock" else 2
+        lock: Lock | Semaphore = (
+            Lock(client, name) if kind == "Lock" else Semaphore(client, name, permits)
+        )
+        seen: list[int] = []
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            while not stop.is_set():
+                seen.append(lock.statistics().held)
+                await asyncio.sleep(0)
+
+        async def work() -> None:
+            for _ in range(25):
+                async with lock:
+                    await asyncio.sleep(0.001)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.gather(*(work() for _ in range(4 * permits)))
+        stop.set()
+        await watcher
+        assert max(seen) == permits, sorted(set(seen))
+        assert lock.statistics().held == 0
+
     async def test_counts_what_this_lock_object_saw(
         self, client: aioredis.Redis, name: str
     ) -> None:

@@ -55,6 +55,7 @@ from redis.exceptions import RedisError
 from .._errors import LockError, LockTimeout
 from .._keys import LockKeys
 from .._lock import Lock
+from ._inspect import redacted, scrubbed
 from ._server import ServerUnavailableError, die_with_parent, embedded_server
 
 if TYPE_CHECKING:
@@ -557,13 +558,13 @@ def _orchestrate(options: DemoOptions, url: str, origin: str, out: TextIO) -> in
     try:
         server = _describe_server(client)
     except RedisError as exc:
-        print(f"demo: cannot reach {url}: {exc}", file=sys.stderr)
+        print(f"demo: cannot reach {redacted(url)}: {scrubbed(str(exc), url)}", file=sys.stderr)
         client.close()
         return 2
     title = (
         f"redis-locks-async demo: {plan.workers} processes x {plan.tasks} tasks, "
         f"{len(_LOCKS)} locks, {plan.seconds:g} s\n"
-        f"server: {server} at {url} ({origin})"
+        f"server: {server} at {redacted(url)} ({origin})"
     )
     view = _View(out, title, plan)
     ctx = multiprocessing.get_context("spawn")
@@ -604,7 +605,10 @@ def _orchestrate(options: DemoOptions, url: str, origin: str, out: TextIO) -> in
         print(f"demo: {exc}", file=sys.stderr)
         return 1
     except RedisError as exc:
-        print(f"demo: lost the server at {url}: {exc}", file=sys.stderr)
+        print(
+            f"demo: lost the server at {redacted(url)}: {scrubbed(str(exc), url)}",
+            file=sys.stderr,
+        )
         return 1
     finally:
         with _interrupts_ignored(), contextlib.suppress(RedisError):

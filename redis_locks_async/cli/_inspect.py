@@ -54,8 +54,10 @@ __all__ = (
     "connect",
     "detect",
     "read_view",
+    "redacted",
     "run_inspect",
     "run_list",
+    "scrubbed",
 )
 
 KINDS: Final = ("lock", "rw", "sem")
@@ -180,7 +182,7 @@ def redacted(url: str) -> str:
     return urlunsplit(parts)
 
 
-def _without(text: str, url: str) -> str:
+def scrubbed(text: str, url: str) -> str:
     """``text`` (an error message) with ``url``'s passwords, should it quote them, blanked."""
     for secret in _secrets(url):
         text = text.replace(secret, "***")
@@ -192,7 +194,7 @@ def connect(url: str) -> aioredis.Redis:
     try:
         return aioredis.Redis.from_url(url, **_TIMEOUTS)
     except ValueError as exc:
-        raise CliError(f"bad --url {redacted(url)!r}: {_without(str(exc), url)}") from None
+        raise CliError(f"bad --url {redacted(url)!r}: {scrubbed(str(exc), url)}") from None
 
 
 _TIMEOUTS: Final[dict[str, Any]] = {"socket_connect_timeout": 5.0, "socket_timeout": 10.0}
@@ -234,7 +236,7 @@ class Servers:
             cluster = RedisCluster.from_url(self._url, **_TIMEOUTS)
         except ValueError as exc:
             raise CliError(
-                f"bad --url {redacted(self._url)!r}: {_without(str(exc), self._url)}"
+                f"bad --url {redacted(self._url)!r}: {scrubbed(str(exc), self._url)}"
             ) from None
         self._cluster = cluster
         await cluster.initialize()
@@ -586,7 +588,7 @@ def run_command(url: str, body: Callable[[Servers], Coroutine[Any, Any, int]]) -
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
     except RedisError as exc:
-        print(f"error: {redacted(url)}: {_without(str(exc), url)}", file=sys.stderr)
+        print(f"error: {redacted(url)}: {scrubbed(str(exc), url)}", file=sys.stderr)
     return EXIT_USAGE
 
 

@@ -80,7 +80,7 @@ from ._parking import Granted, News, ParkingLot, Waiter
 from ._runtime import Runtime, existing_runtime, observed_runtime, runtime_for
 from ._scripts import Call, explain, ints, wrong_type_error
 from ._validation import check_lease, check_name, check_replicas, check_timeout, to_ms
-from ._wire import recent_failure
+from ._wire import never_sent, recent_failure
 
 if TYPE_CHECKING:
     from ._notify import Hub
@@ -1405,7 +1405,11 @@ class LockBase:
         except BaseException as exc:
             if undo is not None and (
                 isinstance(exc, (asyncio.CancelledError, _Expired))
-                or (runtime.topology.transient(exc) and not isinstance(exc, MaxConnectionsError))
+                or (
+                    runtime.topology.transient(exc)
+                    and not isinstance(exc, MaxConnectionsError)
+                    and not never_sent(exc)  # (no connection could be had: nothing was sent)
+                )
             ):
                 self._undo(runtime, undo)
             if isinstance(exc, (asyncio.CancelledError, _Expired)) and not job.done():
@@ -1454,7 +1458,11 @@ class LockBase:
             swallowed = _cancelling(task) > before
             if undo is not None and (
                 swallowed
-                or (runtime.topology.transient(exc) and not isinstance(exc, MaxConnectionsError))
+                or (
+                    runtime.topology.transient(exc)
+                    and not isinstance(exc, MaxConnectionsError)
+                    and not never_sent(exc)  # (no connection could be had: nothing was sent)
+                )
             ):
                 self._undo(runtime, undo)
             if swallowed:

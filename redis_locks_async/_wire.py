@@ -52,7 +52,7 @@ import asyncio
 import contextlib
 import os
 import types
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, cast, final
 
 import redis
@@ -87,6 +87,7 @@ __all__ = (
     "fast_pool",
     "forget_foreign",
     "loop_error",
+    "never_sent",
     "run_pipeline",
     "run_script",
 )
@@ -374,13 +375,17 @@ async def _ready(conn: Any) -> None:
     # Opened under an earlier event loop (a client used under one asyncio.run after another):
     # its first read would fail, after the command was sent. A new one instead.
     forget_foreign(conn, asyncio.get_running_loop())
-    if not conn.is_connected:
-        # One connection attempt per attempt of the command: the command's Retry is the one
-        # that retries (connect() would nest the connection's own Retry inside it: 11 x 10
-        # attempts against a server that is down, where redis-py makes 10).
-        await conn.connect_check_health(check_health=True, retry_socket_connect=False)
-    elif conn.health_check_interval:
-        await conn.check_health()
+    try:
+        if not conn.is_connected:
+            # One connection attempt per attempt of the command: the command's Retry is the
+            # one that retries (connect() would nest the connection's own Retry inside it:
+            # 11 x 10 attempts against a server that is down, where redis-py makes 10).
+            await conn.connect_check_health(check_health=True, retry_socket_connect=False)
+        elif conn.health_check_interval:
+            await conn.check_health()
+    except (redis.RedisError, OSError) as exc:
+        _unsent(exc)
+        raise
 
 
 async def _exchange(
@@ -494,6 +499,24 @@ def _loop_of(conn: Any) -> asyncio.AbstractEventLoop | None:
     return getattr(reader, "_loop", None) if reader is not None else None
 
 
+_UNSENT: Final = "_redis_locks_async_never_sent"
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` ended a script call (:func:`run_script`) none of whose attempts wrote a
+    byte of it — each failed to get a connection ready (refused, unreachable, its handshake or
+    ``AUTH`` failed): nothing of the call can have reached the server, so there is nothing to
+    undo (helper-76: a server that is down made every failed acquire start seconds of
+    clean-up retries and a "gave up" warning, and slowed the client's close)."""
+    return getattr(exc, _UNSENT, False) is True
+
+
+def _unsent(exc: BaseException) -> None:
+    """Mark ``exc``: it was raised before this attempt wrote anything."""
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(exc, _UNSENT, True)
+
+
 def connection_failed(exc: BaseException) -> RedisConnectionError:
     """The connection error that stands for ``exc`` (raise it ``from exc``)."""
     return RedisConnectionError(f"the connection failed under the call: {describe(exc)}")
@@ -510,6 +533,23 @@ async def run_script(
     otherwise (none idle, tasks queued for one, the pool busy with its own bookkeeping) the
     call joins the pool's lane, and where none can be had, the pool's own ``get_connection()``
     and ``release()`` take their course."""
+    wrote = [False]  # whether an attempt may have written the call (see never_sent)
+    try:
+        return await _run_script(fast, sha, keys, args, code, wrote)
+    except BaseException as exc:
+        if wrote[0] and never_sent(exc):
+            delattr(exc, _UNSENT)  # (an earlier attempt may have reached the server)
+        raise
+
+
+async def _run_script(
+    fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None, wrote: list[bool]
+) -> object:
+    async def failed_attempt(error: BaseException) -> None:
+        if not never_sent(error):
+            wrote[0] = True
+        await fast.failed(error)
+
     conn = _idle(fast)
     if conn is None and fast.laned:
         packed = fast.pack(sha, keys, args, code)
@@ -537,27 +577,37 @@ async def run_script(
             # The Retry every connection of the pool gets (a connection object is only built).
             retry = fast.retry = pool.connection_class(**pool.connection_kwargs).retry
         try:
-            return await retry.call_with_retry(attempt, fast.failed)
+            return await retry.call_with_retry(attempt, failed_attempt)
         except _NoLane:
             pass
     if conn is None:
         pool = fast.pool
-        conn = await pool.get_connection()
         try:
-            return await _sent(conn, fast, sha, keys, args, code)
+            conn = await pool.get_connection()
+        except (redis.RedisError, OSError) as exc:
+            _unsent(exc)  # (redis-py's own connect, retried under its own Retry)
+            raise
+        try:
+            return await _sent(conn, sha, keys, args, code, fast, failed_attempt)
         finally:
             await pool.release(conn)
     try:
-        return await _sent(conn, fast, sha, keys, args, code)
+        return await _sent(conn, sha, keys, args, code, fast, failed_attempt)
     finally:
         await _put_back(fast, conn)
 
 
 def _sent(
-    conn: Any, fast: FastPool, sha: str, keys: Keys, args: Args, code: bytes | None
+    conn: Any,
+    sha: str,
+    keys: Keys,
+    args: Args,
+    code: bytes | None,
+    fast: FastPool,
+    failed_attempt: Callable[[BaseException], Awaitable[None]],
 ) -> Awaitable[object]:
     async def failed(error: BaseException) -> None:
-        await fast.failed(error)
+        await failed_attempt(error)
         await drop_connection(conn)
 
     return conn.retry.call_with_retry(  # type: ignore[no-any-return]
@@ -751,6 +801,9 @@ async def _open_lane(fast: FastPool, loop: asyncio.AbstractEventLoop) -> Lane | 
                 # connection dropped.
                 await drop_connection(conn, nowait=True)
                 raise _NoLane from None
+            except (redis.RedisError, OSError) as exc:  # (after TimeoutError, an OSError)
+                _unsent(exc)  # (the calls waiting for this lane sent nothing)
+                raise
         if not lane_capable(conn):
             raise _NoLane  # (this connection: the call takes it as a connection of its own)
         try:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import inspect
 import itertools
+import logging
 import secrets
 import signal
 from collections.abc import Awaitable, Callable
@@ -47,7 +48,7 @@ from tests import _introspect as introspect
 from tests._lockworker import Primitive
 from tests._workers import assert_exclusive, contend, worker_process
 from tests.faultproxy import FaultProxy
-from tests.servers import ServerFactory
+from tests.servers import ServerFactory, free_port
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -1476,6 +1477,33 @@ class TestServerRestart:
         assert await owner_of(inspector, name) == introspect.lease_owner_id(lease)
         await waiter.end()
         await settle(waiting)
+
+
+    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "write", "Semaphore"])
+    async def test_a_server_that_cannot_be_reached_leaves_nothing_to_clean_up(
+        self, name: str, kind: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Bug (helper-76): an acquire that failed because no connection could be had (the
+        server down: connection refused; a wrong password) started seconds of clean-up
+        retries in the background for a command that never left the client — a "gave up;
+        its lease ends by itself" warning, and ``aclose()`` waited ~2 s for them. Nothing
+        was sent: nothing is undone now."""
+        client = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}")
+        rw = ReadWriteLock(client, name)
+        lock: Any = {
+            "Lock": Lock(client, name), "FairLock": FairLock(client, name),
+            "write": rw.write, "Semaphore": Semaphore(client, name, 2),
+        }[kind]  # fmt: skip
+        loop = asyncio.get_running_loop()
+        with caplog.at_level(logging.INFO, logger="redis_locks_async"):
+            for attempt in ({"blocking": False}, {"timeout": 0.3}):
+                with pytest.raises(LockError, match="connecting"):
+                    await lock.acquire(**attempt)
+            assert introspect.pending_cleanups(client) == 0
+            started = loop.time()
+            await client.aclose()
+            assert loop.time() - started < 0.5
+        assert not [r for r in caplog.records if "clean" in r.getMessage()], caplog.text
 
 
 # --------------------------------------------------------------------------------------------

@@ -2442,6 +2442,17 @@ class LockBase:
         if not runtime.closed:
             self._undo(runtime, self._abandon(hold.owner))
 
+    def _length_ending_in(self, remaining: float) -> float:
+        """The lease to set now for a hold whose local end — the lease less the policy's
+        margin for it — is to stay ``remaining`` seconds away. (``remaining`` itself, as a
+        lease, took another margin off the end at every re-entry: 20 re-entries of an
+        hour's hold cut it by 11 minutes, a thousand of a 10 s hold ended it in 5 s;
+        helper-77.)"""
+        length = remaining
+        for _ in range(3):  # (x = remaining + margin(x): each step shrinks the error 100-fold)
+            length = remaining + self._policy.margin(length)
+        return length
+
     async def _reenter(self, runtime: Runtime, hold: Hold, deadline: float | None) -> bool | None:
         """Re-enter ``hold``; ``None`` when a release in flight ended it (acquire afresh),
         ``False`` when no answer came by ``deadline`` (loop time; the re-entry is undone). The
@@ -2463,7 +2474,7 @@ class LockBase:
             # shorter lease (it asks for the lock for as long as its block runs, not for a
             # shorter lease) never ends it sooner than it was to end. One that is not
             # auto-renewing sets the length it was given.
-            length = max(length, hold.remaining())
+            length = max(length, self._length_ending_in(hold.remaining()))
         if hold.renew_until is not None:  # max_hold: a re-entry never carries the hold past it
             length = min(length, max(0.001, hold.renew_until - sent_at))
         call = self._policy.reenter(owner, entry, to_ms(length), runtime.topology.sharded)

@@ -567,6 +567,26 @@ class TestLease:
         await lock.release()
         await settle(lock)
 
+    async def test_reentries_through_a_shorter_auto_renewing_redlock_keep_the_holds_end(
+        self, clients: Clients, inspectors: list[aioredis.Redis], name: str
+    ) -> None:
+        """Bug (helper-77): each re-entry of a hold without renewal through an auto-renewing
+        ``RedLock`` of a shorter lease set the masters' lease to the hold's validity (the
+        lease less the drift margin), and the hold took the margin off again: 20 re-entries
+        cut an hour's hold by 11 minutes on every master."""
+        masters = clients(3)
+        outer = RedLock(masters, name, lease=3600.0, auto_renew=False)
+        inner = RedLock(masters, name, lease=1.0)
+        async with outer as lease:
+            remaining = lease.remaining()
+            for _ in range(20):
+                async with inner:
+                    pass
+            assert lease.remaining() == pytest.approx(remaining, abs=0.5)
+            for inspector in inspectors[:3]:
+                assert await inspector.pttl(name) > 3_599_000
+        await settle(outer)
+
     async def test_master_restarted_empty_during_a_hold(
         self,
         masters: list[ServerProcess],

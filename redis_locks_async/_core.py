@@ -1376,6 +1376,7 @@ class LockBase:
         deadline: float | Callable[[], float] | None,
         *,
         drained: bool = True,
+        first: bool = True,
     ) -> _T:
         """Run ``command`` in a job task and return its reply (module docstring, point 3).
 
@@ -1383,7 +1384,9 @@ class LockBase:
         it comes: see :class:`_Deadline`) passes — :class:`_Expired` —, or the command fails in
         a way after which it may still have run, ``undo`` is sent in the background. Errors
         are redis-py's (the caller translates them). Without ``drained``, a close does not
-        wait for the job (:meth:`Runtime.track`).
+        wait for the job (:meth:`Runtime.track`). Not ``first`` (a retry after an exhausted
+        pool, :meth:`_pool_patient`): an earlier try may have been written, so a failure that
+        says it sent nothing (:func:`never_sent`) is undone all the same.
         """
         loop = runtime.loop
         reply: asyncio.Future[_T] = loop.create_future()
@@ -1408,7 +1411,7 @@ class LockBase:
                 or (
                     runtime.topology.transient(exc)
                     and not isinstance(exc, MaxConnectionsError)
-                    and not never_sent(exc)  # (no connection could be had: nothing was sent)
+                    and not (first and never_sent(exc))  # (nothing was sent: no connection)
                 )
             ):
                 self._undo(runtime, undo)
@@ -1438,17 +1441,23 @@ class LockBase:
         lands as the reply arrives; ``Task.cancelling()`` shows it, and it is raised here.
         """
         if not _DIRECT:
+            tries = itertools.count()
             return await self._pool_patient(
                 # (Not waited for by a close, as on 3.11+ the direct command is not: Runtime.track.)
-                lambda: self._call(runtime, call.run(self._redis), undo, bound, drained=False),
+                lambda: self._call(
+                    runtime, call.run(self._redis), undo, bound, drained=False,
+                    first=next(tries) == 0,
+                ),
                 patience,
             )
         task = asyncio.current_task()
         before = _cancelling(task)
+        first = True
         try:
             try:
                 reply = await self._sent(runtime, call, bound)
             except MaxConnectionsError:
+                first = False
                 reply = await self._pool_patient(lambda: self._sent(runtime, call, bound), patience)
         except (asyncio.CancelledError, _Expired):
             if undo is not None:
@@ -1461,7 +1470,9 @@ class LockBase:
                 or (
                     runtime.topology.transient(exc)
                     and not isinstance(exc, MaxConnectionsError)
-                    and not never_sent(exc)  # (no connection could be had: nothing was sent)
+                    # (nothing was sent: no connection could be had — unless an earlier try,
+                    # cut short by an exhausted pool, may have been written; helper-78)
+                    and not (first and never_sent(exc))
                 )
             ):
                 self._undo(runtime, undo)
@@ -2491,8 +2502,12 @@ class LockBase:
         try:
             # In a job task, not directly: the wait is bounded, and a cancellation that
             # redis-py swallows on Python 3.11 (its wait_for) must not wait for the bound.
+            tries = itertools.count()
             raw = await self._pool_patient(
-                lambda: self._call(runtime, call.run(self._redis), undo, bound), bound()
+                lambda: self._call(
+                    runtime, call.run(self._redis), undo, bound, first=next(tries) == 0
+                ),
+                bound(),
             )
             reply = Reply(*ints(raw, 4))
         except _Expired:

@@ -45,7 +45,7 @@ from redis_locks_async import (
 from redis_locks_async._keys import LockKeys
 from redis_locks_async._lock import LOCK_ACQUIRE
 from tests import _introspect as introspect
-from tests._lockworker import Primitive
+from tests._lockworker import Primitive, make_lock
 from tests._workers import assert_exclusive, contend, worker_process
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerFactory, free_port
@@ -1479,7 +1479,7 @@ class TestServerRestart:
         await settle(waiting)
 
 
-    @pytest.mark.parametrize("kind", ["Lock", "FairLock", "write", "Semaphore"])
+    @pytest.mark.parametrize("kind", ["lock", "fair", "rw-write", "sem"])
     async def test_a_server_that_cannot_be_reached_leaves_nothing_to_clean_up(
         self, name: str, kind: str, caplog: pytest.LogCaptureFixture
     ) -> None:
@@ -1489,11 +1489,7 @@ class TestServerRestart:
         its lease ends by itself" warning, and ``aclose()`` waited ~2 s for them. Nothing
         was sent: nothing is undone now."""
         client = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}")
-        rw = ReadWriteLock(client, name)
-        lock: Any = {
-            "Lock": Lock(client, name), "FairLock": FairLock(client, name),
-            "write": rw.write, "Semaphore": Semaphore(client, name, 2),
-        }[kind]  # fmt: skip
+        lock = make_lock(kind, client, name, permits=2)
         loop = asyncio.get_running_loop()
         with caplog.at_level(logging.INFO, logger="redis_locks_async"):
             for attempt in ({"blocking": False}, {"timeout": 0.3}):

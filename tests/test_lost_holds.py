@@ -15,18 +15,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import MaxConnectionsError
 
-from redis_locks_async import (
-    FairLock,
-    Lock,
-    LockError,
-    LockLostError,
-    LockNotOwnedError,
-    ReadWriteLock,
-    Semaphore,
-)
+from redis_locks_async import FairLock, Lock, LockError, LockLostError, LockNotOwnedError, Semaphore
 from redis_locks_async import _renewal as renewal
 from redis_locks_async._lock import LOCK_REENTER, LOCK_RENEW
 from tests import _introspect as introspect
+from tests._lockworker import make_lock
 from tests.faultproxy import FaultProxy
 from tests.test_lock_faults import HoldingTask, rival_takes
 
@@ -743,7 +736,7 @@ async def test_a_loss_signalled_while_the_release_is_in_flight_stands(
     assert not await lock.locked()
 
 
-@pytest.mark.parametrize("kind", ["Lock", "FairLock", "write", "Semaphore"])
+@pytest.mark.parametrize("kind", ["lock", "fair", "rw-write", "sem"])
 async def test_the_loss_is_signalled_while_the_server_still_has_the_lock(
     client: aioredis.Redis, name: str, kind: str
 ) -> None:
@@ -757,21 +750,13 @@ async def test_the_loss_is_signalled_while_the_server_still_has_the_lock(
     done = asyncio.Event()
 
     async def on_lost(_: object) -> None:
-        rival = {
-            "Lock": Lock(client, name), "FairLock": FairLock(client, name),
-            "write": ReadWriteLock(client, name).write, "Semaphore": Semaphore(client, name, 1),
-        }[kind]  # fmt: skip
+        rival = make_lock(kind, client, name)
         seen.append(await rival.acquire(blocking=False))
         done.set()
         if seen[-1]:
             await rival.release()
 
-    options: dict[str, Any] = {"lease": 3.0, "auto_renew": False, "on_lost": on_lost}
-    rw = ReadWriteLock(client, name, **options)
-    lock: Any = {
-        "Lock": Lock(client, name, **options), "FairLock": FairLock(client, name, **options),
-        "write": rw.write, "Semaphore": Semaphore(client, name, 1, **options),
-    }[kind]  # fmt: skip
+    lock = make_lock(kind, client, name, lease=3.0, auto_renew=False, on_lost=on_lost)
     assert await lock.acquire()
     await asyncio.wait_for(done.wait(), 6)
     assert seen == [False]  # (the rival's try came while the server still had the lock)
@@ -780,7 +765,7 @@ async def test_the_loss_is_signalled_while_the_server_still_has_the_lock(
 
 
 @pytest.mark.parametrize(("lease", "claim"), [(300.0, 2.0), (5.0, 0.05)])
-@pytest.mark.parametrize("kind", ["Lock", "FairLock", "write", "Semaphore"])
+@pytest.mark.parametrize("kind", ["lock", "fair", "rw-write", "sem"])
 async def test_a_hand_over_is_taken_whatever_the_lease(
     client: aioredis.Redis,
     name: str,
@@ -794,18 +779,10 @@ async def test_a_hand_over_is_taken_whatever_the_lease(
     (``claim_timeout``) is far shorter: with ``lease=300`` (margin 3 s) and the default
     2 s window every grant was judged "answered after the lease it gave had ended", given up
     and passed on round the line — no waiter ever got the lock, thousands of warnings."""
-    options: dict[str, Any] = {"lease": lease, "claim_timeout": claim}
-
-    def make() -> Any:
-        if kind == "write":
-            return ReadWriteLock(client, name, **options).write
-        if kind == "Semaphore":
-            return Semaphore(client, name, 1, **options)
-        return (Lock if kind == "Lock" else FairLock)(client, name, **options)
-
-    holder = make()
+    holder = make_lock(kind, client, name, lease=lease, claim_timeout=claim)
+    other = make_lock(kind, client, name, lease=lease, claim_timeout=claim)
     assert await holder.acquire()
-    waiter = HoldingTask(make(), timeout=3.0)
+    waiter = HoldingTask(other, timeout=3.0)
     await asyncio.sleep(0.3)  # (waiting, registered)
     with caplog.at_level(logging.WARNING, logger="redis_locks_async"):
         await holder.release()

@@ -20,8 +20,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
+from redis_locks_async import Lock, LockError
 from tests import _introspect
+from tests._lockworker import KINDS, make_lock
 from tests.faultproxy import FaultProxy
 from tests.servers import ServerProcess
 from tests.test_lock_faults import rival_takes
@@ -309,13 +310,9 @@ async def test_the_renewal_replica_sync_waits_on_always_reaches_the_replication_
     was propagated, and the ``WAIT`` counted a stopped replica that had acknowledged some
     earlier write (Valkey 8.1: 3 of 12 tries). Every kind's renewal now always writes."""
     client = aioredis.Redis(host=pair.master.host, port=pair.master.port)
-    rw = ReadWriteLock(client, "s4:rw", lease=5.0, auto_renew=False)
     kinds: dict[str, Any] = {
-        "Lock": Lock(client, "s4:lock", lease=5.0, auto_renew=False),
-        "FairLock": FairLock(client, "s4:fair", lease=5.0, auto_renew=False),
-        "read": rw.read,
-        "write": ReadWriteLock(client, "s4:rw2", lease=5.0, auto_renew=False).write,
-        "Semaphore": Semaphore(client, "s4:sem", 2, lease=5.0, auto_renew=False),
+        kind: make_lock(kind, client, f"s4:{kind}", permits=2, lease=5.0, auto_renew=False)
+        for kind in KINDS
     }
     for lock in kinds.values():
         await client.script_load(lock._policy.renew("x", 5.0, None).script.code)

@@ -1554,14 +1554,22 @@ class LockBase:
         self, call: Callable[[], Awaitable[object]], what: str, until: float | None = None
     ) -> None:
         """Run ``call``, retrying transient errors a few times — and on, once a second, until
-        loop time ``until`` (the end of the lease it frees: a slot migration's window, a
-        failover, may outlast the first few) — then the lease ends by itself."""
+        loop time ``until`` — then the lease ends by itself. ``until`` is the end of the lease
+        it frees (a slot migration's window, a failover, may outlast the first few tries); by
+        default the lock's lease from now, the longest an acquisition it undoes can have been
+        granted (helper-78: an undo gave up after ~2 s of a 3 s outage, and its ghost hold
+        kept the lock for the rest of the lease).
+
+        An exhausted connection pool is waited out without spending those tries (it says
+        nothing about the server: helper-78 saw the tries of a short outage used up by a
+        pool the outage had filled), until ``until``."""
         loop = asyncio.get_running_loop()
+        if until is None:
+            until = loop.time() + self._lease
         delays = itertools.chain(
             _ERROR_BACKOFF,
             itertools.takewhile(
-                lambda _: until is not None and loop.time() < until,
-                itertools.repeat(_ERROR_BACKOFF[-1]),
+                lambda _: loop.time() < until, itertools.repeat(_ERROR_BACKOFF[-1])
             ),
         )
         # A client without a socket_timeout: a call on a connection gone silent (half-open)
@@ -1570,7 +1578,7 @@ class LockBase:
         # read it abandons drops its connection, and the next try takes another.
         runtime = self._existing()
         patience = ATTEMPT_PATIENCE if runtime is not None and runtime.reads_unbounded else None
-        for delay in delays:
+        while True:
             try:
                 if patience is None:
                     await call()
@@ -1578,8 +1586,13 @@ class LockBase:
                     await _bounded(call(), loop.time() + patience)
                 return
             except MaxConnectionsError:
+                if loop.time() >= until:
+                    break
                 await asyncio.sleep(_POOL_BACKOFF[-1])
             except (RedisError, OSError, LockError) as exc:
+                delay = next(delays, None)
+                if delay is None:
+                    break
                 logger.info("%s of %r failed (%s); retrying", what, self._name, describe(exc))
                 await asyncio.sleep(delay)
         logger.warning("%s of %r gave up; its lease ends by itself", what, self._name)

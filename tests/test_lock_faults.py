@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 
 from redis_locks_async import (
     FairLock,
@@ -48,7 +50,7 @@ from tests import _introspect as introspect
 from tests._lockworker import Primitive, make_lock
 from tests._workers import assert_exclusive, contend, worker_process
 from tests.faultproxy import FaultProxy
-from tests.servers import ServerFactory, free_port
+from tests.servers import ServerFactory, ServerProcess, free_port
 
 if TYPE_CHECKING:
     from tests.conftest import Connect
@@ -1500,6 +1502,73 @@ class TestServerRestart:
             await client.aclose()
             assert loop.time() - started < 0.5
         assert not [r for r in caplog.records if "clean" in r.getMessage()], caplog.text
+
+
+    @pytest.mark.parametrize("kind", ["lock", "fair", "rw-write", "sem"])
+    async def test_a_cleanup_outlasts_an_outage_longer_than_its_first_tries(
+        self, server: ServerProcess, client: aioredis.Redis, name: str, kind: str
+    ) -> None:
+        """Bug (helper-78): the undo of an acquisition whose reply was lost (the connection
+        dropped after the script ran) tried five times in ~2 s and gave up, so a 3 s outage
+        left its ghost hold in place for the rest of the lease — nobody could take the lock.
+        An undo now goes on, once a second, until the lease it may have granted has ended."""
+        listen = free_port()
+        proxy = await FaultProxy(server.host, server.port, port=listen).start()
+        conn = aioredis.Redis.from_url(proxy.url)
+        try:
+            for source in introspect.script_sources():
+                await client.script_load(source)
+            await conn.ping()
+            lease = 12.0
+            lock = make_lock(kind, conn, name, permits=1, lease=lease)
+            proxy.hold_replies()
+            trying = asyncio.create_task(try_once(lock))
+            await proxy.wait_held()
+            await proxy.close()  # the script ran; its reply is lost, and the port refuses
+            with pytest.raises(LockError):
+                await trying
+            assert introspect.pending_cleanups(conn) == 1
+            loop = asyncio.get_running_loop()
+            outage_ends = loop.time() + 3.0
+            rival = make_lock(kind, client, name, permits=1)
+            assert not await try_once(rival)  # (the ghost hold)
+            await asyncio.sleep(outage_ends - loop.time())
+            proxy = await FaultProxy(server.host, server.port, port=listen).start()
+            assert await try_once(rival, patience=lease / 2), "the ghost outlived the outage"
+
+        finally:
+            await proxy.close()
+            await conn.aclose()
+
+
+    async def test_a_cleanup_waits_out_an_exhausted_pool_without_spending_its_tries(
+        self, client: aioredis.Redis, name: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Bug (helper-78): a clean-up's tries that found the connection pool exhausted (an
+        outage fills it with connections being torn down) each spent one of its few retries
+        — after a handful of them and a brief refusal it "gave up", leaving a ghost hold for
+        the lease. Waiting for a connection spends none. (A unit of the retry schedule: the
+        command is a stand-in that fails as the client would.)"""
+        outcomes: list[BaseException | None] = [
+            *(MaxConnectionsError("Too many connections") for _ in range(12)),
+            *(RedisConnectionError("Connection refused") for _ in range(4)),
+            None,
+        ]
+        calls = 0
+
+        async def command() -> None:
+            nonlocal calls
+            outcome = outcomes[calls]
+            calls += 1
+            if outcome is not None:
+                raise outcome
+
+        lock = Lock(client, name, lease=10)
+        loop = asyncio.get_running_loop()
+        with caplog.at_level(logging.INFO, logger="redis_locks_async"):
+            await lock._retrying(command, "cleanup", until=loop.time() + 1.0)
+        assert calls == len(outcomes)
+        assert "gave up" not in caplog.text
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 -- (redis-locks-async `Semaphore`; pipelined by the lease keeper).
 --
 -- KEYS[1]  holders ZSET; KEYS[2] meta HASH                 -- as in sem_acquire.lua
+--          (KEYS[2] may be left out: a cluster slot migration split the two between nodes;
+--          meta then keeps the TTL it has, a lease and a minute at least)
 -- ARGV[1]  owner id holding the permit; ARGV[2] new lease in milliseconds from now (> 0)
 -- ARGV[3]  optional: the semaphore's channel — a permit made shorter than it was is announced
 --          there ("r": re-check), see prelude.lua, announce_if_shorter
@@ -24,7 +26,7 @@ redis.call('ZADD', holders, 'XX', now_ms + lease, me)
 -- follows this script on its connection and counts the replicas that acknowledged that
 -- connection's last *propagated* write — with nothing propagated here, an earlier one.
 redis.call('PEXPIRE', holders, math.max(redis.call('PTTL', holders), lease))
-if redis.call('TYPE', meta)['ok'] == 'hash' then
+if meta and redis.call('TYPE', meta)['ok'] == 'hash' then
     -- (a key of another type put at meta's name is not ours: it is never given a TTL
     -- (helper-71); the permit's release fails naming it, and changes nothing)
     keep(meta, lease + AUX_TAIL_MS)

@@ -199,13 +199,20 @@ class Cluster(ClientRef):
                     except Exception as again:
                         replies[0] = again
             for index, reply in zip(indexes, replies, strict=True):
-                if isinstance(reply, _REDIRECTED):
-                    # The slot moved: the cluster client follows the redirection (and
-                    # refreshes its slot map for the next batch).
-                    try:
-                        reply = await asyncio.wait_for(calls[index].run(client), bound)
-                    except Exception as exc:
-                        reply = exc
+                call = calls[index]
+                if isinstance(reply, TryAgainError) and call.narrow is not None:
+                    # A migration has split the call's keys between two nodes: the keys the
+                    # hold keeps, through the cluster client (Call.narrow).
+                    call = call.narrowed()
+                elif not isinstance(reply, _REDIRECTED):
+                    results[index] = reply
+                    continue
+                # The slot moved (is moving): the cluster client follows the redirection
+                # (and refreshes its slot map for the next batch).
+                try:
+                    reply = await asyncio.wait_for(call.run(client), bound)
+                except Exception as exc:
+                    reply = exc
                 results[index] = reply
 
         await asyncio.gather(*(one_node(name, indexes) for name, indexes in groups.items()))

@@ -1200,7 +1200,7 @@ class Masters(ClientRef):
     async def run_batch(self, calls: Sequence[Call], bound: float) -> list[object]:
         """One pipeline per master (:meth:`FanOut.renew_batch`), counted on a quorum."""
         pipe = self.client.pipeline()
-        for script, keys, args in calls:
+        for script, keys, args, _ in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         try:
             return await asyncio.wait_for(pipe.execute(raise_on_error=False), bound)

@@ -395,7 +395,7 @@ class LeaseKeeper:
         now = answered_at = loop.time()
         failed = False
         reload: dict[str, bytes] = {}
-        for index, (hold, lease, mark, (script, _, _), result) in enumerate(
+        for index, (hold, lease, mark, (script, *_), result) in enumerate(
             zip(due, leases, marks, calls, results, strict=True)
         ):
             if index and not index % PIPELINE_STEP:

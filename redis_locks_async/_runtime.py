@@ -232,12 +232,12 @@ async def _pipelined_once(
         # (A connection opened for the batch has as long again for its handshake: the bound
         # is there for a pooled connection gone silent, and a new one is not one — helper-62:
         # a handshake of three round trips under a steady latency lost the lease.)
-        batch = [(script.sha, keys, args) for script, keys, args in calls]
+        batch = [(script.sha, keys, args) for script, keys, args, _ in calls]
         return await asyncio.wait_for(
             run_pipeline(fast, batch, bound), None if bound is None else 2 * bound
         )
     pipe = client.pipeline(transaction=False)
-    for script, keys, args in calls:
+    for script, keys, args, _ in calls:
         pipe.evalsha(script.sha, len(keys), *keys, *args)
     return list(await asyncio.wait_for(pipe.execute(raise_on_error=False), bound))
 

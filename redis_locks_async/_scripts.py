@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol, final
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import ClusterError, NoScriptError, RedisError, ResponseError, TryAgainError
 
 from ._errors import LockError
 from ._wire import TORN_DOWN, FastPool, connection_failed, fast_pool, loop_error, run_script
@@ -179,15 +179,36 @@ class Script:
 
 
 class Call(NamedTuple):
-    """One script invocation — what a primitive's policy hands the core to run."""
+    """One script invocation — what a primitive's policy hands the core to run.
+
+    ``narrow``: the keys to name instead when a cluster's slot migration has split the call's
+    keys between two nodes (``TRYAGAIN``; redis-py's "TTL exhausted" once it has retried
+    that): the keys the hold itself keeps, a prefix of ``keys``. A renewal that also keeps an
+    auxiliary key alive goes on through the window without it (helper-80: a ``Semaphore``
+    permit, renewed with its meta hash, was lost in a window longer than its lease)."""
 
     script: Script
     keys: tuple[str | bytes, ...]
     args: tuple[EncodableArg, ...]
+    narrow: tuple[str | bytes, ...] | None = None
 
     def run(self, client: ScriptClient) -> Coroutine[Any, Any, object]:
         """Run it on ``client`` (``EVALSHA``, falling back to ``EVAL``)."""
-        return self.script.run(client, self.keys, self.args)
+        if self.narrow is None:
+            return self.script.run(client, self.keys, self.args)
+        return self._run_narrowing(client)
+
+    def narrowed(self) -> Call:
+        """The call naming only :attr:`narrow` (itself when it has none)."""
+        if self.narrow is None:
+            return self
+        return Call(self.script, self.narrow, self.args)
+
+    async def _run_narrowing(self, client: ScriptClient) -> object:
+        try:
+            return await self.script.run(client, self.keys, self.args)
+        except (TryAgainError, ClusterError):
+            return await self.narrowed().run(client)
 
 
 def ints(raw: object, length: int) -> tuple[int, ...]:

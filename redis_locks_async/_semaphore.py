@@ -89,11 +89,13 @@ class SemaphorePolicy(Policy):
         return Call(SEM_RELEASE, keys.script_keys, args)
 
     def renew(self, owner: str, lease: float, sharded: bool | None) -> Call:
-        """``sem_renew.lua``."""
+        """``sem_renew.lua``; in a cluster's split migration window without meta, whose life
+        it prolongs (:attr:`Call.narrow`)."""
         keys = (self.keys.key, self.keys.meta)
         if sharded is None:
-            return Call(SEM_RENEW, keys, (owner, to_ms(lease)))
-        return Call(SEM_RENEW, keys, (owner, to_ms(lease), self.keys.wire_channel, int(sharded)))
+            return Call(SEM_RENEW, keys, (owner, to_ms(lease)), keys[:1])
+        args = (owner, to_ms(lease), self.keys.wire_channel, int(sharded))
+        return Call(SEM_RENEW, keys, args, keys[:1])
 
     async def locked(self, client: Any) -> bool:
         """No permit is free right now."""

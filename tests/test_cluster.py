@@ -18,7 +18,7 @@ import os
 import signal
 import time
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from redis_locks_async import FairLock, Lock, LockError, ReadWriteLock, Semaphore
+from redis_locks_async import FairLock, Lease, Lock, LockError, ReadWriteLock, Semaphore
 from redis_locks_async._cluster import Cluster
 from redis_locks_async._keys import LockKeys
 from redis_locks_async._notify import presence_channel
@@ -533,6 +533,7 @@ def _migrate_slot(
     source_first: float | None = None,
     split: bool = False,
     move_first: bool = True,
+    first: Sequence[bytes] = (),
 ) -> None:
     """Move ``slot`` from ``source`` to ``target`` the way a live resharding does — IMPORTING /
     MIGRATING, ``MIGRATE`` its keys, then ``SETSLOT NODE`` everywhere — keeping the window
@@ -541,7 +542,8 @@ def _migrate_slot(
     others (redis-cli tells the target first). ``split``: move only the first key before the
     window, the rest after it (a resharding of a slot with many keys: scripts that touch
     keys on both nodes are refused with ``TRYAGAIN`` meanwhile). ``move_first=False``: move no
-    key before the window (the slot MIGRATING with all its keys still on the source)."""
+    key before the window (the slot MIGRATING with all its keys still on the source).
+    ``first``: the keys to move before the window (the rest after it)."""
     import redis as sync_redis
 
     def connect(node: ServerProcess) -> Any:
@@ -553,7 +555,9 @@ def _migrate_slot(
     dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
     src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
     keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
-    if keys and move_first:
+    if first:
+        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *first)
+    elif keys and move_first:
         now = keys[:1] if split else keys
         src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *now)
     time.sleep(window)
@@ -863,6 +867,34 @@ async def test_a_release_in_a_slot_migration_window_frees_the_lock_after_it(
     assert await rival.acquire(timeout=5.0)
     assert loop.time() - closed < 2.5, "the lock stayed held after its release"
     await rival.release()
+
+
+@pytest.mark.parametrize("moved", ["holders", "meta"])
+async def test_a_semaphore_permit_is_renewed_through_a_split_migration_window(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster], moved: str
+) -> None:
+    """Bug (helper-80): a semaphore's renewal names its holders and its meta hash (it keeps
+    meta alive); in a migration window that had moved one of them and not the other (a slow
+    or interrupted resharding), every renewal was refused (``TRYAGAIN``, then redis-py's "TTL
+    exhausted") and the permit was lost at its lease's end — a ``Lock``, whose renewal names
+    one key, rode through. The renewal now names the holders alone in such a window."""
+    a, b = cluster
+    name = f"split-renew:{moved}"
+    lost: list[Lease] = []
+    sem = Semaphore(a, name, 2, lease=2.0, on_lost=lost.append)
+    assert await sem.acquire(blocking=False)
+    keys = LockKeys.for_name(name, "sem")
+    source = _process_of(cluster_nodes, a, name)
+    target = next(p for p in cluster_nodes if p is not source)
+    migrate = functools.partial(
+        _migrate_slot, cluster_nodes, a.keyslot(name), source, target, 4.0,
+        first=(keys.key if moved == "holders" else keys.meta,),
+    )
+    await asyncio.get_running_loop().run_in_executor(None, migrate)
+    assert not lost, "the permit was lost in the window"
+    assert sem.owned()
+    await sem.release()  # (a lost permit's release raises LockLostError)
+    assert not await b.exists(keys.key)
 
 
 def _contents(node: ServerProcess, keys: tuple[str | bytes, ...]) -> dict[object, object]:

@@ -121,6 +121,8 @@ SUBSCRIBE_PATIENCE: Final = 3.0
 _NO_REPLY: Final = " (unreachable, paused, or its connection failing under the client's Retry)"
 _ERROR_BACKOFF: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_BACKOFF: Final = (0.002, 0.005, 0.01, 0.02, 0.05)  # a pool frees up within a round trip
+# A clean-up's pauses while the pool is exhausted (LockBase._retrying): it has time.
+_POOL_WAITS: Final = (0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
 _ARRIVALS: Final = itertools.count(1)  # numbers acquire() calls in this process (Waiter.arrival)
 # Seconds after it queued (or attempted) that an earlier arrival of another client of the same
 # server is waited for, at most, to register first (LockBase._kin_first): the order is kept
@@ -1553,48 +1555,66 @@ class LockBase:
     async def _retrying(
         self, call: Callable[[], Awaitable[object]], what: str, until: float | None = None
     ) -> None:
-        """Run ``call``, retrying transient errors a few times — and on, once a second, until
-        loop time ``until`` — then the lease ends by itself. ``until`` is the end of the lease
-        it frees (a slot migration's window, a failover, may outlast the first few tries); by
-        default the lock's lease from now, the longest an acquisition it undoes can have been
-        granted (helper-78: an undo gave up after ~2 s of a 3 s outage, and its ghost hold
-        kept the lock for the rest of the lease).
+        """Run ``call``, retrying transient errors a few times quickly (:data:`_ERROR_BACKOFF`)
+        — and on, until loop time ``until``, the end of the lease it frees (a slot migration's
+        window, a failover, an outage may outlast the first few); then the lease ends by
+        itself. By default ``until`` is the lock's lease from now, the longest an acquisition
+        it undoes can have been granted (helper-78: an undo gave up after ~2 s of a 3 s
+        outage, and its ghost hold kept the lock for the rest of the lease).
 
-        An exhausted connection pool is waited out without spending those tries (it says
-        nothing about the server: helper-78 saw the tries of a short outage used up by a
-        pool the outage had filled), until ``until``."""
+        Past the quick tries — or once the connection pool was found exhausted — the
+        clean-ups of a client take turns (:attr:`Runtime.undo_gate`): one tries, and after a
+        failure pauses before the next one's turn (a second; growing pauses for a pool still
+        exhausted) — an outage costs one try a second however many clean-ups wait (helper-79:
+        2,000 of them, each retrying on its own and polling the pool, kept a core busy and made
+        the loop lag until healthy leases of the process were lost); once the server answers
+        they follow each other at once. Waiting for the pool does not spend the quick tries
+        (it says nothing about the server: helper-78 saw them used up by a pool an outage had
+        filled)."""
         loop = asyncio.get_running_loop()
         if until is None:
             until = loop.time() + self._lease
-        delays = itertools.chain(
-            _ERROR_BACKOFF,
-            itertools.takewhile(
-                lambda _: loop.time() < until, itertools.repeat(_ERROR_BACKOFF[-1])
-            ),
-        )
         # A client without a socket_timeout: a call on a connection gone silent (half-open)
         # would hold the clean-up — and the pooled connection it took — for ever (helper-43:
         # three cancelled waits used up a pool of three). Each call gets ATTEMPT_PATIENCE; the
         # read it abandons drops its connection, and the next try takes another.
         runtime = self._existing()
         patience = ATTEMPT_PATIENCE if runtime is not None and runtime.reads_unbounded else None
+        failures = waits = 0
         while True:
+            gate = None
+            if (failures >= len(_ERROR_BACKOFF) or waits) and runtime is not None:
+                gate = runtime.undo_gate
+                await gate.acquire()
             try:
-                if patience is None:
-                    await call()
-                else:
-                    await _bounded(call(), loop.time() + patience)
-                return
-            except MaxConnectionsError:
-                if loop.time() >= until:
+                try:
+                    if patience is None:
+                        await call()
+                    else:
+                        await _bounded(call(), loop.time() + patience)
+                    return
+                except MaxConnectionsError:
+                    if loop.time() >= until:
+                        break
+                    delay = _POOL_WAITS[min(waits, len(_POOL_WAITS) - 1)]
+                    waits += 1
+                except (RedisError, OSError, LockError) as exc:
+                    failures += 1
+                    quick = failures <= len(_ERROR_BACKOFF)
+                    if not quick and (
+                        loop.time() >= until
+                        or runtime is None
+                        or not runtime.topology.transient(exc)
+                    ):
+                        break
+                    delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF)) - 1]
+                    logger.info("%s of %r failed (%s); retrying", what, self._name, describe(exc))
+                if loop.time() + delay >= until and failures >= len(_ERROR_BACKOFF):
                     break
-                await asyncio.sleep(_POOL_BACKOFF[-1])
-            except (RedisError, OSError, LockError) as exc:
-                delay = next(delays, None)
-                if delay is None:
-                    break
-                logger.info("%s of %r failed (%s); retrying", what, self._name, describe(exc))
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # (holding the gate, if it is held: one try a second)
+            finally:
+                if gate is not None:
+                    gate.release()
         logger.warning("%s of %r gave up; its lease ends by itself", what, self._name)
 
     def _entry_undo(self, owner: str, entry: str, sharded: bool) -> Callable[[], Awaitable[object]]:

@@ -279,6 +279,7 @@ class Runtime:
         "topology",
         "tried_at",
         "trying",
+        "undo_gate",
     )
 
     def __init__(self, topology: Topology) -> None:
@@ -290,6 +291,9 @@ class Runtime:
         self._closers: set[asyncio.Task[Any]] = set()  # tasks awaiting it (not cancelled)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._undoing: set[asyncio.Task[Any]] = set()  # undo tasks under way (spawn)
+        # Held by the one clean-up that tries now among those that failed their first few tries
+        # (an outage): one try a second for them all, however many (LockBase._retrying).
+        self.undo_gate = asyncio.Lock()
         # The timeout scopes of acquisitions whose command is in flight in the caller's own
         # task (Python >= 3.11): the close expires them (the others run in tracked job tasks).
         self.in_flight: set[Any] = set()

@@ -1563,9 +1563,9 @@ class LockBase:
         outage, and its ghost hold kept the lock for the rest of the lease).
 
         Past the quick tries — or once the connection pool was found exhausted — the
-        clean-ups of a client take turns (:attr:`Runtime.undo_gate`): one tries, and after a
-        failure pauses before the next one's turn (a second; growing pauses for a pool still
-        exhausted) — an outage costs one try a second however many clean-ups wait (helper-79:
+        clean-ups of a client take turns, per node (:meth:`Runtime.undo_gate`): one tries, and
+        after a failure pauses before the next one's turn (a second; growing pauses for a pool
+        still exhausted) — an outage costs one try a second however many clean-ups wait (helper-79:
         2,000 of them, each retrying on its own and polling the pool, kept a core busy and made
         the loop lag until healthy leases of the process were lost); once the server answers
         they follow each other at once. Waiting for the pool does not spend the quick tries
@@ -1584,7 +1584,7 @@ class LockBase:
         while True:
             gate = None
             if (failures >= len(_ERROR_BACKOFF) or waits) and runtime is not None:
-                gate = runtime.undo_gate
+                gate = runtime.undo_gate(self._name)
                 await gate.acquire()
             try:
                 try:

@@ -268,6 +268,7 @@ class Runtime:
         "_server",
         "_tasks",
         "_unbounded",
+        "_undo_gates",
         "_undoing",
         "acquiring",
         "closed",
@@ -279,7 +280,6 @@ class Runtime:
         "topology",
         "tried_at",
         "trying",
-        "undo_gate",
     )
 
     def __init__(self, topology: Topology) -> None:
@@ -291,9 +291,9 @@ class Runtime:
         self._closers: set[asyncio.Task[Any]] = set()  # tasks awaiting it (not cancelled)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._undoing: set[asyncio.Task[Any]] = set()  # undo tasks under way (spawn)
-        # Held by the one clean-up that tries now among those that failed their first few tries
-        # (an outage): one try a second for them all, however many (LockBase._retrying).
-        self.undo_gate = asyncio.Lock()
+        # Per node: held by the one clean-up that tries now among those that failed their first
+        # few tries (an outage): one try a second for them all, however many (undo_gate).
+        self._undo_gates: dict[Hashable, asyncio.Lock] = {}
         # The timeout scopes of acquisitions whose command is in flight in the caller's own
         # task (Python >= 3.11): the close expires them (the others run in tracked job tasks).
         self.in_flight: set[Any] = set()
@@ -397,6 +397,19 @@ class Runtime:
         self._tasks.add(task)
         task.add_done_callback(self._task_done if report else self._task_done_quietly)
         return task
+
+    def undo_gate(self, name: str) -> asyncio.Lock:
+        """The turn of the clean-ups of the node that serves lock ``name`` that failed their
+        first few tries (:meth:`LockBase._retrying`): per node, so a node that does not answer
+        holds up no clean-up of another."""
+        try:
+            node = self.topology.node_of(name)
+        except LockError:  # (a cluster client that does not know the slot yet)
+            node = None
+        gate = self._undo_gates.get(node)
+        if gate is None:
+            gate = self._undo_gates[node] = asyncio.Lock()
+        return gate
 
     async def cleanups_settled(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) for the undo tasks under way: an acquisition that

@@ -897,6 +897,20 @@ async def test_a_semaphore_permit_is_renewed_through_a_split_migration_window(
     assert not await b.exists(keys.key)
 
 
+async def test_clean_ups_take_their_turns_per_node(cluster: list[RedisCluster]) -> None:
+    """Clean-ups in an outage take turns (one try a second in all: helper-79), but per node:
+    a node that does not answer — each of its clean-ups' tries waiting out a socket timeout —
+    holds up no clean-up of another node's locks."""
+    a, _ = cluster
+    names = _names_on_every_node(a, "gates")
+    await _hold_briefly(Lock(a, names[0]))  # (the client's runtime)
+    runtime = existing_runtime(a)
+    assert runtime is not None
+    gates = [runtime.undo_gate(name) for name in names]
+    assert len({id(gate) for gate in gates}) == len(names)
+    assert runtime.undo_gate(names[0]) is gates[0]
+
+
 def _contents(node: ServerProcess, keys: tuple[str | bytes, ...]) -> dict[object, object]:
     """What ``node`` stores under ``keys`` (TTLs left out; a key missing in a migrating slot
     reads as ``None``: the node answers ``ASK``)."""

@@ -1071,7 +1071,9 @@ class LockBase:
         (its lease stays marked lost): the caller, who was not given it, will not release it."""
         if hold.state is HoldState.LOST:
             self._forget(runtime, hold)
-            return None if runtime.closed else self._undo(runtime, self._abandon(hold.owner))
+            if runtime.closed:
+                return None
+            return self._undo(runtime, self._abandon(hold.owner), self._kept_until(runtime, hold))
         if hold.state is not HoldState.HELD:
             return None
         return self._drop(runtime, hold, counted=False)
@@ -1087,7 +1089,16 @@ class LockBase:
         hold.state = HoldState.RELEASED
         if counted:
             self._released(runtime, hold)
-        return self._undo(runtime, self._abandon(hold.owner), eager=eager)
+        until = self._kept_until(runtime, hold)
+        return self._undo(runtime, self._abandon(hold.owner), until, eager=eager)
+
+    def _kept_until(self, runtime: Runtime, hold: Hold) -> float:
+        """Until when (loop time) the server may keep ``hold`` — its clean-up is retried that
+        long: the end of its lease there (its local end and the margin kept short of it), or
+        the lock's lease from now if that is later (a renewal in flight may still land).
+        (helper-79: an extended hold's clean-up gave up at the lock's shorter lease.)"""
+        end = hold.expires_at + self._policy.margin(hold.lease)
+        return max(end, runtime.loop.time() + self._lease)
 
     def _released(self, runtime: Runtime, hold: Hold) -> None:
         """Count the end of ``hold`` by a release (statistics, telemetry)."""

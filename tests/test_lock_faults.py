@@ -1541,6 +1541,39 @@ class TestServerRestart:
             await conn.aclose()
 
 
+    async def test_the_release_of_an_extended_hold_outlasts_an_outage(
+        self, server: ServerProcess, client: aioredis.Redis, name: str
+    ) -> None:
+        """Bug (helper-79): the background release of a hold extended past the lock's lease
+        (``extend(lease=…)``) by a task that ended holding it gave up at the lock's lease from
+        then — in an outage longer than that, the lock stayed held until the extended lease
+        ended. It is retried until the hold's own end on the server."""
+        listen = free_port()
+        proxy = await FaultProxy(server.host, server.port, port=listen).start()
+        conn = aioredis.Redis.from_url(proxy.url)
+        lock = Lock(conn, name, lease=1.0, auto_renew=False)
+        extended, down = asyncio.Event(), asyncio.Event()
+
+        async def ends_holding() -> None:
+            assert await lock.acquire(blocking=False)
+            await lock.extend(lease=20.0)
+            extended.set()
+            await down.wait()
+
+        try:
+            holding = asyncio.create_task(ends_holding())
+            await asyncio.wait_for(extended.wait(), 5.0)
+            await proxy.close()  # the port refuses: the release fails, and is retried
+            down.set()
+            await holding
+            await asyncio.sleep(3.5)
+            proxy = await FaultProxy(server.host, server.port, port=listen).start()
+            rival = Lock(client, name)
+            assert await try_once(rival, patience=4.0), "the released hold outlived the outage"
+        finally:
+            await proxy.close()
+            await conn.aclose()
+
     async def test_a_cleanup_waits_out_an_exhausted_pool_without_spending_its_tries(
         self, client: aioredis.Redis, name: str, caplog: pytest.LogCaptureFixture
     ) -> None:

@@ -45,6 +45,7 @@ from redis.exceptions import (
     ClusterDownError,
     ClusterError,
     MovedError,
+    RedisClusterException,
     RedisError,
     SlotNotCoveredError,
     TryAgainError,
@@ -115,7 +116,15 @@ class Cluster(ClientRef):
                         if isinstance(exc, _NODE_DOWN):
                             self._avoid[name] = loop.time() + _AVOID_FOR
                         # (the cluster client follows a redirection, and refreshes its map)
-        return await script.run_plain(client, keys, args)
+        try:
+            return await script.run_plain(client, keys, args)
+        except RedisClusterException as exc:
+            if isinstance(exc, SlotNotCoveredError):
+                raise
+            # redis-py reached no node to rebuild its slot map from ("Redis Cluster cannot be
+            # connected"): the cluster is down for now — a connection error, retried and undone
+            # as one (helper-81: it reached the user raw, and killed a clean-up).
+            raise RedisConnectionError(f"no node of the cluster answers: {exc}") from exc
 
     @property
     def sharded(self) -> bool:

@@ -69,7 +69,12 @@ from typing import (
     final,
 )
 
-from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
+from redis.exceptions import (
+    MaxConnectionsError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+)
 
 from . import _telemetry as telemetry
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeout, describe
@@ -1574,14 +1579,12 @@ class LockBase:
         outage, and its ghost hold kept the lock for the rest of the lease).
 
         Past the quick tries — or once the connection pool was found exhausted — the
-        clean-ups of a client take turns, per node (:meth:`Runtime.undo_gate`): one tries, and
-        after a failure pauses before the next one's turn (a second; growing pauses for a pool
-        still exhausted) — an outage costs one try a second however many clean-ups wait (helper-79:
-        2,000 of them, each retrying on its own and polling the pool, kept a core busy and made
-        the loop lag until healthy leases of the process were lost); once the server answers
-        they follow each other at once. Waiting for the pool does not spend the quick tries
-        (it says nothing about the server: helper-78 saw them used up by a pool an outage had
-        filled)."""
+        clean-ups of a node take turns while its latest try failed (:class:`UndoTurn`: one try
+        a second in all, however many wait; once one succeeds, the rest go at once). Waiting
+        for the pool does not spend the quick tries (it says nothing about the server:
+        helper-78 saw them used up by a pool an outage had filled). Every error is retried: a
+        refusal that looks final may clear by itself (``NOREPLICAS`` while a replica is away,
+        helper-81; ``MISCONF``, ``OOM``)."""
         loop = asyncio.get_running_loop()
         if until is None:
             until = loop.time() + self._lease
@@ -1593,30 +1596,29 @@ class LockBase:
         patience = ATTEMPT_PATIENCE if runtime is not None and runtime.reads_unbounded else None
         failures = waits = 0
         while True:
+            turn = None if runtime is None else runtime.undo_turn(self._name)
             gate = None
-            if (failures >= len(_ERROR_BACKOFF) or waits) and runtime is not None:
-                gate = runtime.undo_gate(self._name)
-                await gate.acquire()
+            if turn is not None and (failures >= len(_ERROR_BACKOFF) or waits):
+                gate = turn.gate if await turn.take() else None
             try:
                 try:
                     if patience is None:
                         await call()
                     else:
                         await _bounded(call(), loop.time() + patience)
+                    if turn is not None:
+                        turn.failing = False
                     return
                 except MaxConnectionsError:
                     if loop.time() >= until:
                         break
                     delay = _POOL_WAITS[min(waits, len(_POOL_WAITS) - 1)]
                     waits += 1
-                except (RedisError, OSError, LockError) as exc:
+                except (RedisError, OSError, LockError, RedisClusterException) as exc:
+                    if turn is not None:
+                        turn.failing = True
                     failures += 1
-                    quick = failures <= len(_ERROR_BACKOFF)
-                    if not quick and (
-                        loop.time() >= until
-                        or runtime is None
-                        or not runtime.topology.transient(exc)
-                    ):
+                    if failures > len(_ERROR_BACKOFF) and loop.time() >= until:
                         break
                     delay = _ERROR_BACKOFF[min(failures, len(_ERROR_BACKOFF)) - 1]
                     logger.info("%s of %r failed (%s); retrying", what, self._name, describe(exc))
@@ -2773,13 +2775,13 @@ class LockBase:
             call = self._policy.release(hold.owner, "final", "", sharded)
             command = self._pool_patient(lambda: call.run(self._redis), hold.expires_at)
             status, _ = ints(await _bounded(command, _release_deadline(hold)), 2)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError, RedisClusterException) as exc:
             lost = hold.state is HoldState.LOST  # (by its renewal, while this was in flight)
             if not lost:
                 hold.state = HoldState.RELEASED
             self._forget(runtime, hold)
             if runtime.topology.transient(exc):
-                self._undo(runtime, self._abandon(hold.owner), until=hold.expires_at)
+                self._undo(runtime, self._abandon(hold.owner), self._kept_until(runtime, hold))
                 if lost:
                     raise _lost_in_flight(self._name, hold) from exc
                 raise LockError(

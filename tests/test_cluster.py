@@ -897,6 +897,38 @@ async def test_a_semaphore_permit_is_renewed_through_a_split_migration_window(
     assert not await b.exists(keys.key)
 
 
+async def test_a_release_while_no_node_answers_is_retried_until_they_do(
+    cluster_nodes: list[ServerProcess], cluster: list[RedisCluster]
+) -> None:
+    """Bug (helper-81): with every node of the cluster stopped, ``release()`` raised redis-py's
+    bare ``RedisClusterException`` ("Redis Cluster cannot be connected"), and the release's
+    clean-up in the background died of the same exception ("background task failed"): the
+    lock stayed held for the rest of its lease after the nodes came back. It is a
+    ``LockError`` now ("retried in the background"), and the lock is freed once they answer."""
+    _, b = cluster
+    first = cluster_nodes[0]
+    client = RedisCluster(host=first.host, port=first.port, socket_timeout=0.5)
+    await client.initialize()
+    lock = Lock(client, "all-stopped", lease=60.0)
+    loop = asyncio.get_running_loop()
+    try:
+        assert await lock.acquire(blocking=False)
+        with contextlib.ExitStack() as stack:
+            for node in cluster_nodes:
+                stack.enter_context(_hung(node))
+            stopped = loop.time()
+            with pytest.raises(LockError, match="retried in the background"):
+                await lock.release()
+            await asyncio.sleep(max(0.0, stopped + 4.0 - loop.time()))
+        resumed = loop.time()
+        rival = Lock(b, "all-stopped")
+        assert await rival.acquire(timeout=5.0), "the lock stayed held after the nodes resumed"
+        assert loop.time() - resumed < 4.0
+        await rival.release()
+    finally:
+        await client.aclose()
+
+
 async def test_clean_ups_take_their_turns_per_node(cluster: list[RedisCluster]) -> None:
     """Clean-ups in an outage take turns (one try a second in all: helper-79), but per node:
     a node that does not answer — each of its clean-ups' tries waiting out a socket timeout —
@@ -906,9 +938,9 @@ async def test_clean_ups_take_their_turns_per_node(cluster: list[RedisCluster]) 
     await _hold_briefly(Lock(a, names[0]))  # (the client's runtime)
     runtime = existing_runtime(a)
     assert runtime is not None
-    gates = [runtime.undo_gate(name) for name in names]
-    assert len({id(gate) for gate in gates}) == len(names)
-    assert runtime.undo_gate(names[0]) is gates[0]
+    turns = [runtime.undo_turn(name) for name in names]
+    assert len({id(turn) for turn in turns}) == len(names)
+    assert runtime.undo_turn(names[0]) is turns[0]
 
 
 def _contents(node: ServerProcess, keys: tuple[str | bytes, ...]) -> dict[object, object]:

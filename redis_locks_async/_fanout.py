@@ -461,7 +461,7 @@ class FanOut:
         refused = [r for r in results if isinstance(r, ResponseError) and not transient_error(r)]
         if len(refused) > len(self.masters) - self.quorum:
             raise refused[0]  # a wrong-type key on so many masters: the caller's error, named
-        raise _no_quorum(results, role)
+        raise _no_quorum(results, role, _took)
 
     def pipeline(self, transaction: bool = False) -> FanPipeline:
         """A pipeline of renewals (what the lease keeper batches): one pipeline per master."""
@@ -631,7 +631,7 @@ class FanOut:
             # A wrong-type key on so many masters that no quorum can answer: the caller's error
             # (it names the key), not a network's to retry.
             raise refused[0]
-        raise _no_quorum(results, "release")
+        raise _no_quorum(results, "release", lambda r: _status(r) == wanted)
 
     # -- re-entries and their drops ------------------------------------------------------------
 
@@ -985,12 +985,21 @@ class _Janitor:
                 self._settle(value)
 
 
-def _no_quorum(results: list[object], action: str) -> QuorumError:
-    answered = sum(1 for r in results if r is not _PENDING and not isinstance(r, BaseException))
+def _no_quorum(
+    results: list[object], action: str, agreed: Callable[[object], bool] | None = None
+) -> QuorumError:
+    """The error of a round that got no quorum: how many masters answered in time, and —
+    given ``agreed``, the round's "yes" — how many of them agreed (helper-82: "2 of 3 masters
+    answered" read as a quorum where one of the two had answered "not held")."""
+    replies = [r for r in results if r is not _PENDING and not isinstance(r, BaseException)]
     errors = [describe(r) for r in results if isinstance(r, BaseException)]
     detail = f"; errors: {', '.join(errors[:3])}" if errors else ""
+    if agreed is not None and replies:
+        yes = sum(1 for r in replies if agreed(r))
+        detail = f", {yes} of them agreeing{detail}"
     exc = QuorumError(
-        f"no quorum to {action}: {answered} of {len(results)} masters answered in time{detail}"
+        f"no quorum to {action}: {len(replies)} of {len(results)} masters answered in time"
+        f"{detail}"
     )
     exc.pool_exhausted = any(isinstance(r, MaxConnectionsError) for r in results)
     return exc

@@ -1523,3 +1523,11 @@ def test_a_run_that_ends_during_a_release_leaves_no_task_behind(
     finally:
         loop.run_until_complete(close())  # (here only to leave nothing open)
         loop.close()
+
+
+def test_a_quorum_error_says_how_many_answers_agreed() -> None:
+    """Regression (helper-82): "no quorum to reenter: 2 of 3 masters answered in time" read as
+    a quorum — one of the two had answered "not held". The message says how many agreed."""
+    results: list[object] = [[1, 7, 7, 100], [-1, 0, 0, 0], redis.ConnectionError("reset")]
+    error = _fanout._no_quorum(results, "reenter", lambda r: r[0] == 1)  # type: ignore[index]
+    assert "2 of 3 masters answered in time, 1 of them agreeing; errors:" in str(error)

@@ -908,7 +908,9 @@ class LockBase:
                 f"{TRY_BOUND:g} s{_NO_REPLY}{recent_failure(self._redis, TRY_BOUND)}{unsure}",
                 name=self._name,
             ) from exc
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, RedisClusterException) as exc:
+            # (RedisClusterException: no node of a cluster answers — helper-83: it reached
+            # the caller of locked() raw)
             raise await self._explain(exc, action) from exc
 
     async def acquire(
@@ -1584,7 +1586,8 @@ class LockBase:
         for the pool does not spend the quick tries (it says nothing about the server:
         helper-78 saw them used up by a pool an outage had filled). Every error is retried: a
         refusal that looks final may clear by itself (``NOREPLICAS`` while a replica is away,
-        helper-81; ``MISCONF``, ``OOM``)."""
+        helper-81; ``MISCONF``, ``OOM``); only the node's trouble (a transient error: a
+        connection, a timeout, a busy or loading server) makes its clean-ups take turns."""
         loop = asyncio.get_running_loop()
         if until is None:
             until = loop.time() + self._lease
@@ -1600,6 +1603,10 @@ class LockBase:
             gate = None
             if turn is not None and (failures >= len(_ERROR_BACKOFF) or waits):
                 gate = turn.gate if await turn.take() else None
+                if failures >= len(_ERROR_BACKOFF) and loop.time() >= until:
+                    if gate is not None:  # (its turn came after the lease it frees ended)
+                        gate.release()
+                    break
             try:
                 try:
                     if patience is None:
@@ -1615,8 +1622,14 @@ class LockBase:
                     delay = _POOL_WAITS[min(waits, len(_POOL_WAITS) - 1)]
                     waits += 1
                 except (RedisError, OSError, LockError, RedisClusterException) as exc:
-                    if turn is not None:
+                    if turn is not None and runtime is not None and runtime.topology.transient(exc):
                         turn.failing = True
+                    elif gate is not None:
+                        # Not the node's trouble (a key of the wrong type): the next one's turn
+                        # at once — paced behind it, every other clean-up of the node waited a
+                        # second per such clean-up in line (helper-83).
+                        gate.release()
+                        gate = None
                     failures += 1
                     if failures > len(_ERROR_BACKOFF) and loop.time() >= until:
                         break

@@ -215,7 +215,7 @@ class Hold:
     @property
     def wants_renewal(self) -> bool:
         """Whether the keeper renews this hold (auto-renewed and not at its ``max_hold``, or a
-        hand-over to confirm)."""
+        hand-over to confirm, or a lease to set again: :meth:`crossed`)."""
         return self.confirm or (self.auto_renew and not self.capped)
 
     @property
@@ -268,12 +268,17 @@ class Hold:
     def crossed(self, sent_at: float, lease: float) -> None:
         """A renewal to ``lease`` sent at ``sent_at``, which may have run, crossed a command
         that changed the hold's lease: the server may have run it last and kept ``lease``.
-        Count on the earlier of the two ends, and renew with the hold's own lease at once."""
+        Count on the earlier of the two ends, and renew with the hold's own lease at once —
+        also a hold that is not renewed otherwise (``auto_renew=False``: helper-84, an
+        ``extend()`` right after a hand-over was undone by the hand-over's confirmation, and
+        the hold ended at the lock's shorter lease)."""
         end = sent_at + lease
         if self.margin is not None:
             end -= self.margin(lease)
         self.expires_at = min(self.expires_at, end)
         self.renew_at = self.loop.time()
+        if not self.auto_renew:
+            self.confirm = True  # (one renewal owed: wants_renewal)
 
     def snapshot(self) -> Snapshot:
         """What an extend or a re-entry may change before it is sent (see :meth:`unsent`)."""

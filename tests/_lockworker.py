@@ -78,6 +78,8 @@ from redis_locks_async import (
 )
 
 KINDS: Final = ("lock", "fair", "rw-write", "rw-read", "sem")
+# Each kind's key layout (tests._introspect's ``layout`` argument).
+LAYOUT: Final = {"lock": "lock", "fair": "lock", "rw-write": "rw", "rw-read": "rw", "sem": "sem"}
 
 
 class Primitive(Protocol):

@@ -43,7 +43,7 @@ from redis_locks_async._lock import LOCK_RENEW
 from redis_locks_async._rwlock import RW_RENEW
 from redis_locks_async._semaphore import SEM_RENEW
 from tests import _introspect as introspect
-from tests._lockworker import Primitive, make_lock
+from tests._lockworker import LAYOUT, Primitive, make_lock
 from tests._workers import (
     Hold,
     Spawn,
@@ -64,7 +64,6 @@ _T = TypeVar("_T")
 
 PRIMITIVES: Final = ("lock", "fair", "rw-write", "sem")
 _RENEWALS: Final = frozenset(script.sha for script in (LOCK_RENEW, RW_RENEW, SEM_RENEW))
-LAYOUT: Final = {"lock": "lock", "fair": "lock", "rw-write": "rw", "rw-read": "rw", "sem": "sem"}
 
 # What the README documents: auxiliary keys expire "a minute after the state they describe";
 # the longest state is a waiter's registration, which lives for the holder's remaining lease

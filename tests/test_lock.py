@@ -33,7 +33,7 @@ from redis_locks_async._core import Attempt, LockBase, _wait_for_caller
 from redis_locks_async._lock import LockPolicy
 from redis_locks_async._validation import MAX_LEASE
 from tests import _introspect as introspect
-from tests._lockworker import Primitive
+from tests._lockworker import LAYOUT, Primitive, make_lock
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -879,6 +879,51 @@ class TestLeases:
                     pass
             assert lease.remaining() == pytest.approx(remaining, abs=0.5)
             assert await client.pttl(name) == pytest.approx(pttl, abs=500)
+
+    @pytest.mark.parametrize(
+        ("how", "kind"),
+        [
+            *(("extend", kind) for kind in ("lock", "fair", "rw-write", "sem")),
+            *(("reenter", kind) for kind in ("lock", "fair", "rw-write")),  # (no permit is)
+        ],
+    )
+    async def test_a_lease_set_right_after_a_hand_over_is_kept(
+        self, client: aioredis.Redis, redis_url: str, name: str, kind: str, how: str
+    ) -> None:
+        """Bug (helper-84): a waiter handed the lock, without renewal, that set a longer lease
+        at once (``extend(5.0)``, or a re-entry through an object of that lease) was told it
+        succeeded — but the hand-over's confirmation, sent by the lease keeper with the lock's
+        own lease and run by the server after it, put the lease back: the hold was lost at the
+        shorter lease. A crossing of the two now has the longer lease set again."""
+        other = aioredis.Redis.from_url(redis_url)
+        try:
+            holder = make_lock(kind, client, name, lease=1.0)
+            waiter = make_lock(kind, other, name, lease=1.0, auto_renew=False)
+            longer = make_lock(kind, other, name, lease=5.0, auto_renew=False)
+            held = asyncio.Event()
+
+            async def hand_over() -> None:
+                assert await holder.acquire(blocking=False)
+                held.set()
+                await introspect.until_registered(client, name, 1, LAYOUT[kind])
+                await holder.release()
+
+            releasing = asyncio.create_task(hand_over())
+            await asyncio.wait_for(held.wait(), 5.0)
+            async with waiter as lease:
+                if how == "extend":
+                    await waiter.extend(5.0)
+                else:
+                    await longer.acquire()
+                await asyncio.sleep(1.5)
+                assert not lease.lost, lease.lost_reason
+                assert not await make_lock(kind, client, name).acquire(blocking=False)
+                if how == "reenter":
+                    await longer.release()
+            await releasing
+        finally:
+            await other.aclose()
+
 
 class TestWaiting:
     async def test_release_hands_over_to_a_waiter(

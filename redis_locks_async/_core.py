@@ -1573,8 +1573,8 @@ class LockBase:
     async def _retrying(
         self, call: Callable[[], Awaitable[object]], what: str, until: float | None = None
     ) -> None:
-        """Run ``call``, retrying transient errors a few times quickly (:data:`_ERROR_BACKOFF`)
-        — and on, until loop time ``until``, the end of the lease it frees (a slot migration's
+        """Run ``call``, retrying its errors a few times quickly (:data:`_ERROR_BACKOFF`) — and
+        on, until loop time ``until``, the end of the lease it frees (a slot migration's
         window, a failover, an outage may outlast the first few); then the lease ends by
         itself. By default ``until`` is the lock's lease from now, the longest an acquisition
         it undoes can have been granted (helper-78: an undo gave up after ~2 s of a 3 s

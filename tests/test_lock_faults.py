@@ -1535,11 +1535,9 @@ class TestServerRestart:
             await asyncio.sleep(outage_ends - loop.time())
             proxy = await FaultProxy(server.host, server.port, port=listen).start()
             assert await try_once(rival, patience=lease / 2), "the ghost outlived the outage"
-
         finally:
             await proxy.close()
             await conn.aclose()
-
 
     async def test_the_release_of_an_extended_hold_outlasts_an_outage(
         self, server: ServerProcess, client: aioredis.Redis, name: str
